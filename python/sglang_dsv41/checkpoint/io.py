@@ -1,0 +1,129 @@
+"""Read and write DeepSeek-V4.1 checkpoints: safetensors shards in the released names and dtypes.
+
+Layout on disk: `model-0000i-of-0000n.safetensors` shards + `model.safetensors.index.json`
+(`{"metadata": {"total_size": ...}, "weight_map": {name: shard}}`) + `config.json` (+ tokenizer).
+Validation is against `checkpoint_schema(cfg)`: a missing tensor, a wrong shape or dtype, or an
+unexpected tensor raises `CheckpointError` naming the tensor, what was expected and what was found.
+Released tensors this text model does not use (`mtp.*`, `vision.*`, ...) are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from sglang_dsv41.checkpoint.schema import TensorSpec, checkpoint_schema, is_ignored
+from sglang_dsv41.config import ModelConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+}
+_TORCH_TO_ST = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+# Packed FP4 experts are released as I8 or U8 (same bytes); both load as int8.
+_EQUIVALENT = {("I8", "U8")}
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the config: names the tensor, the expectation and the finding."""
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.device = "cpu", progress: bool = True) -> dict[str, torch.Tensor]:
+    """Load and validate every tensor of the checkpoint directory. Returns {name: tensor}."""
+    path = Path(path)
+    schema = checkpoint_schema(cfg)
+    out: dict[str, torch.Tensor] = {}
+    files = _shard_files(path)
+    bar = tqdm(total=len(schema), desc="loading DeepSeek-V4.1 checkpoint", unit="tensor", disable=not progress)
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if is_ignored(name):
+                    continue
+                spec = schema.get(name)
+                if spec is None:
+                    raise CheckpointError(f"unexpected tensor '{name}' in {file.name}: not part of this config's model")
+                sl = f.get_slice(name)
+                _check(spec, sl.get_dtype(), tuple(sl.get_shape()), file.name)
+                t = f.get_tensor(name)
+                if t.dtype == torch.uint8 and spec.dtype == "I8":
+                    t = t.view(torch.int8)
+                out[name] = t.to(device)
+                bar.update(1)
+    bar.close()
+    missing = [n for n in schema if n not in out]
+    if missing:
+        spec = schema[missing[0]]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor '{spec.name}': expected {spec.dtype} {list(spec.shape)}{more}")
+    return out
+
+
+def _check(spec: TensorSpec, dtype: str, shape: tuple[int, ...], where: str) -> None:
+    if dtype != spec.dtype and (spec.dtype, dtype) not in _EQUIVALENT:
+        raise CheckpointError(f"tensor '{spec.name}' in {where}: expected dtype {spec.dtype}, found {dtype}")
+    if shape != spec.shape:
+        raise CheckpointError(f"tensor '{spec.name}' in {where}: expected shape {list(spec.shape)}, found {list(shape)}")
+
+
+def write_checkpoint(
+    out_dir: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    max_shard_bytes: int = 2 << 30,
+) -> None:
+    """Write `tensors` (validated against the schema) as shards + index json into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    schema = checkpoint_schema(cfg)
+    for name, spec in schema.items():
+        if name not in tensors:
+            raise CheckpointError(f"missing tensor '{name}': expected {spec.dtype} {list(spec.shape)}")
+        t = tensors[name]
+        _check(spec, _TORCH_TO_ST.get(t.dtype, str(t.dtype)), tuple(t.shape), "the tensors to write")
+    extra = [n for n in tensors if n not in schema]
+    if extra:
+        raise CheckpointError(f"unexpected tensor '{extra[0]}': not part of this config's model")
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in schema:  # schema order keeps the files deterministic
+        t = tensors[name].detach().contiguous().cpu()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -1,0 +1,34 @@
+"""Build a `DeepseekV41` from a checkpoint directory (config.json + safetensors + tokenizer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from sglang_dsv41.checkpoint.io import read_tensors
+from sglang_dsv41.config import ModelConfig
+from sglang_dsv41.embedded import resolve_model_path
+from sglang_dsv41.layers.transformer import DeepseekV41
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", progress: bool = True) -> DeepseekV41:
+    """`path` is a checkpoint directory or an embedded alias (`deepseek-v4.1-tiny`).
+    Parameters are allocated on the meta device and replaced by the validated checkpoint tensors,
+    so nothing is materialised twice. The Engram token map is built from the directory's tokenizer."""
+    path = resolve_model_path(path)
+    cfg = ModelConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = DeepseekV41(cfg)
+    tensors = read_tensors(path, cfg, device=device, progress=progress)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if cfg.engram is not None:
+        from sglang_dsv41.tokenizer.token_map import token_map_tensor
+
+        model.set_token_map(token_map_tensor(str(path), device=device))
+    else:
+        model.engram_token_map = torch.zeros(0, dtype=torch.int64, device=device)
+    return model.eval()

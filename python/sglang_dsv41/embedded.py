@@ -1,0 +1,48 @@
+"""Model names that resolve to embedded checkpoints, generated on first use into a cache dir.
+
+`deepseek-v4.1-tiny` (the default for CPU serving and tests) and `deepseek-v4.1-small` are the
+seeded random presets of `sglang_dsv41.tiny`. The cache dir is `$SGLANG_DSV41_CACHE` or
+`~/.cache/sglang_dsv41`; generation writes into a temporary sibling and renames it into place, so
+concurrent first uses never see a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+EMBEDDED_MODELS = {"deepseek-v4.1-tiny": "tiny", "deepseek-v4.1-small": "small"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_DSV41_CACHE", Path.home() / ".cache" / "sglang_dsv41"))
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """A checkpoint directory for `name_or_path`: an existing directory, or an embedded alias."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        return p
+    preset = EMBEDDED_MODELS.get(str(name_or_path))
+    if preset is None:
+        known = ", ".join(sorted(EMBEDDED_MODELS))
+        raise FileNotFoundError(f"model '{name_or_path}' is neither a checkpoint directory nor an embedded model ({known})")
+    target = cache_dir() / str(name_or_path)
+    if (target / "config.json").exists():
+        return target
+    from sglang_dsv41.tiny import write_tiny_checkpoint
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write_tiny_checkpoint(tmp, preset)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

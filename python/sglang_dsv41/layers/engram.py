@@ -1,0 +1,56 @@
+"""Engram: hashed n-gram memory added into every mHC stream with a per-stream scalar gate.
+
+Per token: gather the Engram layer's (N-1)*heads table rows (FP8 E4M3 + E8M0 per 32, dequantised in
+fp32, one bf16 rounding), flatten, project with the FP8 `wkv` to n keys + one shared value, then for
+each stream j, in fp32 with one final cast:
+  d = sum(R_j * q_w[j] * k_w[j] * key_j) * rsqrt(mean R_j^2 + eps) * rsqrt(mean key_j^2 + eps) / sqrt(H)
+  R_j <- R_j + sigmoid(sign(d) * sqrt(max(|d|, 1e-6))) * value
+Row ids come from `sglang_dsv41.engram_hash` (computed once per forward for all Engram layers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang_dsv41.config import ModelConfig
+from sglang_dsv41.layers.linear import FP8Linear
+from sglang_dsv41.quant import dequant_engram_rows
+
+
+class EngramTable(nn.Module):
+    """weight F8_E4M3 [rows, head_dim], scale F8_E8M0 [rows, head_dim/32] (264 B/row at 256)."""
+
+    def __init__(self, rows: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(rows, head_dim, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.scale = nn.Parameter(torch.zeros(rows, head_dim // 32, dtype=torch.float8_e8m0fnu), requires_grad=False)
+
+    def forward(self, row_ids: torch.Tensor) -> torch.Tensor:
+        """row_ids int64 [...] -> bf16 [..., head_dim]."""
+        return dequant_engram_rows(self.weight[row_ids], self.scale[row_ids])
+
+
+class Engram(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        e = cfg.engram
+        self.n, self.hidden, self.eps = cfg.hc.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
+        self.embed = EngramTable(e.num_embeddings[e.layer_ids.index(layer_id)], e.head_dim)
+        self.wkv = FP8Linear(e.n_hash_cols * e.head_dim, (self.n + 1) * cfg.hidden_size, cfg.weight_block_size)
+        self.q_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
+        self.k_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """streams [T, n, H] bf16, row_ids int64 [T, cols]; token_mask [T] False = leave unchanged."""
+        kv = self.wkv(self.embed(row_ids).flatten(-2))
+        key, value = kv.split([self.n * self.hidden, self.hidden], dim=-1)
+        key = key.float().unflatten(-1, (self.n, self.hidden))
+        h = streams.float()
+        w = self.q_weight.float() * self.k_weight.float()
+        rstd = torch.rsqrt(h.square().mean(-1) + self.eps) * torch.rsqrt(key.square().mean(-1) + self.eps)
+        d = (h * w * key).sum(-1) * rstd * self.hidden**-0.5
+        gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
+        if token_mask is not None:
+            gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
+        return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)

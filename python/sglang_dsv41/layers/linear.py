@@ -1,0 +1,82 @@
+"""Linear layers in the checkpoint's storage formats.
+
+* `FP8Linear`: weight F8_E4M3 [N, K] + `scale` UE8M0 [ceil(N/32), ceil(K/32)]; activations are
+  rounded to MXFP8 (E4M3, UE8M0 per 1x32) and the GEMM accumulates 32-wide K blocks in K order.
+* `MXFP4Linear`: routed experts, weight int8 [N, K/2] (E2M1 x2, low nibble = even element) +
+  `scale` UE8M0 [N, K/32]; same MXFP8 activations (W4A8).
+* `BF16Linear`: plain bf16 GEMM (router, compressor ratio 1, indexer wk/weights_proj).
+Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
+
+
+ROW_TILE = 64
+
+
+def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp32(x) @ fp32(w)^T whose every row is independent of the other rows and of the row count.
+
+    BLAS picks kernels (and so summation orders) by shape: on CPU an fp32 GEMM with a handful of rows
+    rounds differently from the same rows inside a larger GEMM. Running every call as exactly
+    ROW_TILE-row GEMMs (the last tile zero-padded) makes the result batch-invariant, which the
+    prefix-equality and chunked-prefill invariants rely on. x [..., K], w [N, K] -> fp32 [..., N].
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    xf = x.reshape(-1, k).float()
+    wf = w.float()
+    m = xf.size(0)
+    pad = -m % ROW_TILE
+    if pad:
+        xf = torch.cat([xf, xf.new_zeros(pad, k)])
+    out = torch.cat([F.linear(t, wf) for t in xf.split(ROW_TILE)]) if xf.size(0) else xf.new_zeros(0, w.size(0))
+    return out[:m].reshape(*lead, w.size(0))
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+
+
+class FP8Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, block: int = 32):
+        super().__init__()
+        self.in_features, self.out_features, self.block = in_features, out_features, block
+        self.weight = _param((out_features, in_features), torch.float8_e4m3fn)
+        self.scale = _param((-(-out_features // block), -(-in_features // block)), torch.float8_e8m0fnu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.scale, self.block)
+
+    def dequantized(self) -> torch.Tensor:
+        """bf16 [N, K] (exact: E4M3 x power of two fits bf16)."""
+        return dequant_fp8_weight(self.weight, self.scale, self.block).to(torch.bfloat16)
+
+
+class MXFP4Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _param((out_features, in_features // 2), torch.int8)
+        self.scale = _param((out_features, in_features // 32), torch.float8_e8m0fnu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp4_linear(x, self.weight, self.scale)
+
+
+class BF16Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = _param((out_features, in_features), torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 GEMM of fp32(x) with the bf16 weight widened to fp32 (compressor ratio 2, router)."""
+        return fp32_linear(x, self.weight)
