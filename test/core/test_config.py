@@ -174,3 +174,25 @@ def test_quantization_config_checked():
     raw["quantization_config"]["weight_block_size"] = [128, 64]
     with pytest.raises(ConfigError, match="weight_block_size"):
         ModelConfig.from_hf(raw)
+
+
+def test_presets_keep_the_release_structure():
+    from sglang_dsv41.tiny import PRESETS, hf_config
+
+    for name in PRESETS:
+        cfg = ModelConfig.from_hf(hf_config(PRESETS[name], vocab=1024, compressed_vocab=860))
+        roles = cfg.layer_roles
+        cfg.check_decoder_tail_replay()
+        assert [r.compress_ratio for r in roles[:2]] == [0, 0] and roles[1].has_engram
+        kv2 = [r.layer_id for r in roles if r.is_kv_source and r.compress_ratio == 2]
+        assert len(kv2) == 2 and roles[kv2[1]].has_engram  # a KV source carries an Engram, as 14 does
+        assert any(r.compress_ratio == 2 and not r.is_kv_source for r in roles)
+        first_r1 = next(r for r in roles if r.compress_ratio == 1)
+        assert first_r1.is_candidate_source and first_r1.is_kv_source and first_r1.is_index_source
+        assert any(r.uses_candidates for r in roles) and cfg.rope.yarn_original_max_pos == 65536
+    bench = ModelConfig.from_hf(hf_config(PRESETS["bench"], vocab=1024, compressed_vocab=860))
+    a, c = bench.attention, bench.compression
+    assert (bench.hidden_size, a.n_heads, a.head_dim, a.q_lora_rank, a.window_size) == (5120, 64, 512, 1280, 128)
+    assert (c.index_n_heads, c.index_head_dim, c.index_topk) == (32, 128, 512)
+    assert (c.candidate_topk_blocks, c.candidate_block_size) == (2048, 8)
+    assert bench.compressed_bytes_per_token == (288 + 68) / 1 + 2 * (288 + 68) / 2

@@ -124,10 +124,17 @@ def test_cli_writes_reference_logits(tiny_dir, tiny_reference, tmp_path, capsys)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_runs_on_cuda(tiny_dir, ids, full):
+def test_runs_on_cuda_and_matches_cpu_with_decisions_replayed(tiny_dir, ids, full):
+    """CPU and CUDA differ in bf16 GEMM / exp / sin summation order; on this chaotic random model that
+    flips top-k and routing decisions freely (guides/numerics.md), so values are compared with the
+    CPU's decisions replayed. Measured on an H200: mean cos 0.9986, min 0.996 (free-running: 0.990)."""
     from sglang_dsv41.checkpoint.loader import load_model
     from sglang_dsv41.reference.model import ReferenceModel
 
-    out = ReferenceModel(load_model(tiny_dir, device="cuda", progress=False)).forward(ids[:256].cuda())
-    cos = torch.nn.functional.cosine_similarity(out.logits.cpu(), full.logits[:256], dim=-1)
-    assert cos.min() > 0.99
+    cuda = ReferenceModel(load_model(tiny_dir, device="cuda", progress=False))
+    out = cuda.forward(ids.cuda(), replay=full.decisions)
+    assert out.logits.is_cuda and torch.isfinite(out.logits).all()
+    cos = torch.nn.functional.cosine_similarity(out.logits.cpu(), full.logits, dim=-1)
+    assert cos.mean() > 0.995 and cos.min() > 0.98
+    again = cuda.forward(ids.cuda(), replay=full.decisions)
+    assert torch.equal(again.logits, out.logits)  # deterministic on the device too

@@ -32,7 +32,7 @@ class Gate(nn.Module):
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (weights fp32 [T, k], expert ids int64 [T, k]). `forced` [T, k] replays given ids."""
         s = self.scores(x)
-        ids = forced.long() if forced is not None else (s + self.bias).topk(self.topk, dim=-1).indices
+        ids = forced.to(x.device).long() if forced is not None else (s + self.bias).topk(self.topk, dim=-1).indices
         w = s.gather(1, ids)
         if self.norm_topk_prob and self.topk > 1:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)

@@ -191,11 +191,11 @@ class ReferenceModel:
         scores = mask_invisible(scores, visible)
         if role.is_candidate_source:
             forced = replay.candidates.get(lid) if replay is not None else None
-            cand = forced if forced is not None else select_candidate_blocks(
+            cand = forced.to(x.device) if forced is not None else select_candidate_blocks(
                 scores, visible, c.candidate_topk_blocks, c.candidate_block_size
             )
             decisions.candidates[lid] = cand
         elif role.uses_candidates:
             scores = scores.masked_fill(~decisions.candidates[role.candidate_source], float("-inf"))
         forced = replay.topk.get(lid) if replay is not None else None
-        decisions.topk[lid] = forced.to(torch.int32) if forced is not None else select_topk(scores, c.index_topk)
+        decisions.topk[lid] = forced.to(x.device, torch.int32) if forced is not None else select_topk(scores, c.index_topk)
