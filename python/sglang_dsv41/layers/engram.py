@@ -44,13 +44,27 @@ class Engram(nn.Module):
     def forward(self, streams: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         """streams [T, n, H] bf16, row_ids int64 [T, cols]; token_mask [T] False = leave unchanged."""
         kv = self.wkv(self.embed(row_ids).flatten(-2))
-        key, value = kv.split([self.n * self.hidden, self.hidden], dim=-1)
-        key = key.float().unflatten(-1, (self.n, self.hidden))
-        h = streams.float()
-        w = self.q_weight.float() * self.k_weight.float()
-        rstd = torch.rsqrt(h.square().mean(-1) + self.eps) * torch.rsqrt(key.square().mean(-1) + self.eps)
-        d = (h * w * key).sum(-1) * rstd * self.hidden**-0.5
-        gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
-        if token_mask is not None:
-            gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
-        return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)
+        return engram_gate(streams, kv, self.q_weight, self.k_weight, self.eps, token_mask)
+
+
+def engram_gate(
+    streams: torch.Tensor,
+    kv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    token_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """streams [T, n, H] bf16, kv [T, (n+1)H] bf16 (n keys then the value), q/k_weight [n, H]
+    -> bf16 [T, n, H]. All fp32 with one final cast; token_mask [T] False = unchanged row."""
+    n, hidden = streams.size(1), streams.size(2)
+    key, value = kv.split([n * hidden, hidden], dim=-1)
+    key = key.float().unflatten(-1, (n, hidden))
+    h = streams.float()
+    w = q_weight.float() * k_weight.float()
+    rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    d = (h * w * key).sum(-1) * rstd * hidden**-0.5
+    gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
+    if token_mask is not None:
+        gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
+    return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)

@@ -2,8 +2,11 @@
 
 Pairs (x[2i], x[2i+1]) of the last `rope_head_dim` dims rotate by pos * theta_i. Ratio-0 layers use
 `rope_theta` without YaRN; compressed layers use `compress_rope_theta` with YaRN. Angles are
-fp32(pos) * fp32(theta_i); the rotation is a complex64 multiply, and the result is rounded once to
-the input dtype (the reference rotates bf16 tensors this way).
+fp32(pos) * fp32(theta_i); cos/sin tables are fp32 [T, rd/2]. The rotation is written out as
+y0 = x0*c - x1*s, y1 = x0*s + x1*c in fp32 (each product and sum rounded separately, no FMA), then
+rounded once to the input dtype. DeepSeek's reference uses a complex64 multiply: same math, and the
+two can differ by an fp32 ulp before the bf16 rounding; the explicit form is what kernels reproduce
+bit for bit (they read the same cos/sin tables and disable FMA contraction).
 """
 
 from __future__ import annotations
@@ -45,18 +48,32 @@ class Rotary:
         else:
             raise ValueError(f"unknown rope kind {kind!r}")
 
-    def freqs(self, positions: torch.Tensor) -> torch.Tensor:
-        """positions int [T] -> complex64 [T, dim/2]."""
-        inv = _inv_freq(*self._key).to(positions.device)
-        angles = positions.to(torch.float32).unsqueeze(-1) * inv
-        return torch.polar(torch.ones_like(angles), angles)
+    def freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions int [T] -> (cos, sin), fp32 [T, dim/2] each."""
+        return rope_table(positions, _inv_freq(*self._key))
 
-    def apply(self, x: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], inverse: bool = False) -> torch.Tensor:
         """Rotate the last `dim` dims of x [T, d] or [T, h, d] (out of place; other dims copied)."""
-        rd = self.dim
-        xc = torch.view_as_complex(x[..., -rd:].float().unflatten(-1, (-1, 2)).contiguous())
-        f = freqs.conj() if inverse else freqs
-        if x.dim() == 3:
-            f = f.unsqueeze(1)
-        rot = torch.view_as_real(xc * f).flatten(-2).to(x.dtype)
-        return torch.cat([x[..., :-rd], rot], dim=-1) if x.size(-1) > rd else rot
+        return apply_rope(x, freqs[0], freqs[1], inverse)
+
+
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions int [T], inv_freq fp32 [rd/2] -> (cos, sin) fp32 [T, rd/2]."""
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(positions.device)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x [T, d] or [T, h, d]; rotates the last 2*cos.size(-1) dims (interleaved pairs) in fp32 and
+    returns x.dtype. `inverse` rotates by -angle (used on the attention output)."""
+    rd = 2 * cos.size(-1)
+    if x.dim() == 3:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    if inverse:
+        sin = -sin
+    pairs = x[..., -rd:].float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    y0 = x0 * cos - x1 * sin
+    y1 = x0 * sin + x1 * cos
+    rot = torch.stack([y0, y1], dim=-1).flatten(-2).to(x.dtype)
+    return torch.cat([x[..., :-rd], rot], dim=-1) if x.size(-1) > rd else rot
