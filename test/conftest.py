@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# Scalar ATen CPU kernels: vectorized exp/sigmoid/rsqrt round differently in a loop's SIMD body and
+# its scalar tail, so a row's value would depend on the batch size (docs/numerics.md). Must be set
+# before torch runs its first CPU kernel.
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+
+import pytest  # noqa: E402
 
 # Tests run against the source tree even before `pip install -e .`.
 ROOT = Path(__file__).resolve().parents[1]

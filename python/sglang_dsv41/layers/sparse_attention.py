@@ -36,7 +36,7 @@ def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, si
     run_max = torch.full((t, h), -1e30, dtype=torch.float32, device=q.device)
     for s in range(0, keys.size(1), BLOCK):
         ok = valid[:, s : s + BLOCK]
-        blk = keys[:, s : s + BLOCK].float() * ok.unsqueeze(-1)  # [t, b, d]
+        blk = torch.where(ok.unsqueeze(-1), keys[:, s : s + BLOCK].float(), 0.0)  # [t, b, d]; never read invalid keys
         logits = torch.einsum("thd,tbd->thb", qf, blk)
         logits = torch.where(ok.unsqueeze(1), logits, float("-inf")) * sc
         prev = run_max

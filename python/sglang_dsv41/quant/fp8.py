@@ -177,6 +177,12 @@ def blockwise_scaled_mm(
     b: fp32 [N, K]; b_s: fp32 [N, K/block]. Returns fp32 [M, N]:
     acc = 0; for kb in K order: acc += (a_blk @ b_blk.T) * a_s[:, kb:kb+1] * b_s[:, kb].
     Block partials are batched (bmm of 32-long dot products), but added strictly sequentially.
+
+    Each block partial is computed in float64 and rounded once to fp32: FP8 x FP8 (and FP4 x FP8)
+    products have at most 8 significant bits over a bounded exponent range, so a 32-term sum is
+    exact in float64, and the rounded partial is the same whatever order or kernel computes it.
+    That makes every row independent of the batch (prefill, chunked prefill and decode agree
+    bitwise); a plain fp32 bmm picks shape-dependent summation orders.
     """
     m, k = a.shape
     n = b.shape[0]
@@ -187,7 +193,7 @@ def blockwise_scaled_mm(
     chunk = max(1, (1 << 22) // max(1, m * n))
     for c0 in range(0, nblk, chunk):
         c1 = min(nblk, c0 + chunk)
-        part = torch.bmm(a3[c0:c1], b3[c0:c1])
+        part = torch.bmm(a3[c0:c1].double(), b3[c0:c1].double()).float()
         part = part * a_s[:, c0:c1].t().unsqueeze(-1) * b_s[:, c0:c1].t().unsqueeze(1)
         for i in range(c1 - c0):
             acc += part[i]

@@ -1,0 +1,82 @@
+"""The batch descriptor of one forward.
+
+Index spaces (glossary):
+  row        one new token of this forward; rows are packed request-major, positions ascending
+  request    0..B-1 within this batch; `req_slots[b]` is its persistent request slot (pending state)
+  position   absolute token position within its request (0-based)
+  slot       full-token pool slot (`token_table[b, position]`); allocated in pages so that the two
+             positions of a ratio-2 pair share `slot // 2` (page size a multiple of 2)
+  c-slot     compressed pool slot = slot // ratio of any token of the group
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor
+    """int64 [N] new token ids."""
+    positions: torch.Tensor
+    """int64 [N] absolute position of each row."""
+    req_index: torch.Tensor
+    """int64 [N] request (0..B-1) of each row."""
+    req_slots: torch.Tensor
+    """int64 [B] persistent request slot of each request."""
+    prefix_lens: torch.Tensor
+    """int64 [B] tokens already in the cache before this forward."""
+    extend_lens: torch.Tensor
+    """int64 [B] new tokens of each request (1 for a decode step)."""
+    token_table: torch.Tensor
+    """int64 [B, >= max(prefix+extend)] pool slot of every position; -1 past the end."""
+    history: torch.Tensor
+    """int64 [B, max_ngram-1] token ids right before each request's first new token, oldest first
+    (Engram n-gram history; ignored where the position would be negative)."""
+    logits_rows: torch.Tensor
+    """int64 [R] rows whose logits are computed (e.g. the last row of every request)."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def out_slots(self) -> torch.Tensor:
+        """int64 [N] pool slot each new row writes."""
+        return self.token_table[self.req_index, self.positions]
+
+    @staticmethod
+    def build(
+        new_tokens: list[list[int]],
+        prefix_lens: list[int],
+        token_table: torch.Tensor,
+        req_slots: list[int],
+        history: list[list[int]],
+        all_logits: bool = False,
+        device: torch.device | str = "cpu",
+        history_width: int = 0,
+    ) -> "Batch":
+        """Pack per-request new tokens. `history[b]` are the ids before prefix_lens[b]; rows are
+        left-padded with 0 to `history_width` (at least) columns."""
+        ext = [len(t) for t in new_tokens]
+        rows_ids = [t for toks in new_tokens for t in toks]
+        pos = [p0 + i for p0, n in zip(prefix_lens, ext) for i in range(n)]
+        req = [b for b, n in enumerate(ext) for _ in range(n)]
+        width = max([history_width] + [len(h) for h in history])
+        hist = torch.tensor([[0] * (width - len(h)) + list(h) for h in history], dtype=torch.int64)
+        ends = torch.tensor(ext, dtype=torch.int64).cumsum(0)
+        rows = torch.arange(sum(ext)) if all_logits else ends - 1
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        return Batch(
+            input_ids=t(rows_ids),
+            positions=t(pos),
+            req_index=t(req),
+            req_slots=t(req_slots),
+            prefix_lens=t(prefix_lens),
+            extend_lens=t(ext),
+            token_table=token_table.to(device),
+            history=hist.to(device),
+            logits_rows=rows.to(device),
+        )

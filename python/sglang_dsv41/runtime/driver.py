@@ -1,0 +1,164 @@
+"""Standalone offline driver over the engine-agnostic runtime (no SGLang): paged allocation,
+chunked prefill, batched greedy decode. Used by benchmarks on the GPU machine and by tests.
+
+    python -m sglang_dsv41.runtime.driver --model deepseek-v4.1-tiny --prompts 4 --prompt-len 300 \
+        --decode 16 --chunk 128 [--out tokens.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.model_runner import Runtime
+from sglang_dsv41.runtime.pools import KVPools
+
+
+class PageAllocator:
+    """Hands out whole pages of `page_size` consecutive slots (page_size even, so ratio-2 pairs
+    share `slot // 2`). Slot 0..page_size-1 (page 0) is reserved as a scratch page."""
+
+    def __init__(self, num_slots: int, page_size: int):
+        if page_size % 2:
+            raise ValueError("page_size must be even (ratio-2 pairs share a compressed slot)")
+        self.page_size = page_size
+        self.free = list(range(num_slots // page_size - 1, 0, -1))
+
+    def alloc(self) -> int:
+        if not self.free:
+            raise RuntimeError("out of KV pages")
+        return self.free.pop() * self.page_size
+
+    def release(self, base: int) -> None:
+        self.free.append(base // self.page_size)
+
+
+@dataclass
+class Sequence:
+    req_slot: int
+    tokens: list[int]
+    prefill_len: int
+    pages: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose KV is in the pools
+
+
+class Driver:
+    def __init__(self, model: DeepseekV41, max_tokens: int, max_requests: int, page_size: int = 64,
+                 device: str | torch.device = "cpu", poison: bool = False):
+        self.model, self.device = model, device
+        self.page_size = page_size
+        num_slots = -(-max_tokens // page_size) * page_size + page_size
+        self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison)
+        self.alloc = PageAllocator(num_slots, page_size)
+        self.runtime = Runtime(model, self.pools)
+        self.max_requests = max_requests
+
+    def _table(self, seqs: list[Sequence], length: int) -> torch.Tensor:
+        for s in seqs:
+            while len(s.pages) * self.page_size < length:
+                s.pages.append(self.alloc.alloc())
+        width = max(len(s.pages) for s in seqs) * self.page_size
+        table = torch.full((len(seqs), width), -1, dtype=torch.int64)
+        for i, s in enumerate(seqs):
+            slots = torch.tensor(s.pages).repeat_interleave(self.page_size) + torch.arange(len(s.pages) * self.page_size) % self.page_size
+            table[i, : slots.numel()] = slots
+        return table
+
+    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False):
+        """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step)."""
+        ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
+        table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
+        batch = Batch.build(
+            [s.tokens[s.cached : s.cached + c] for s, c in zip(seqs, counts)],
+            [s.cached for s in seqs],
+            table,
+            [s.req_slot for s in seqs],
+            [s.tokens[max(0, s.cached - ngram) : s.cached] for s in seqs],
+            all_logits=all_logits,
+            device=self.device,
+            history_width=ngram,
+        )
+        out = self.runtime.forward(batch)
+        for s, c in zip(seqs, counts):
+            s.cached += c
+        return out
+
+    def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192) -> tuple[list[list[int]], dict]:
+        """Greedy: chunked prefill of all prompts together, then batched decode. Returns new tokens."""
+        if len(prompts) > self.max_requests:
+            raise ValueError(f"{len(prompts)} prompts exceed max_requests={self.max_requests}")
+        seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(prompts)]
+        for s in seqs:
+            self.pools.clear_request(s.req_slot)
+        sync = torch.cuda.synchronize if str(self.device).startswith("cuda") else (lambda: None)
+        t0 = time.perf_counter()
+        last = {}
+        while any(s.cached < s.prefill_len for s in seqs):
+            active = [s for s in seqs if s.cached < s.prefill_len]
+            budget, counts = chunk, []
+            for s in active:
+                counts.append(min(s.prefill_len - s.cached, max(budget, 0)))
+                budget -= counts[-1]
+            active, counts = zip(*[(s, c) for s, c in zip(active, counts) if c > 0])
+            out = self.step(list(active), list(counts))
+            for s, row in zip(active, out.logits):
+                if s.cached == s.prefill_len:
+                    last[s.req_slot] = row
+        sync()
+        t_prefill = time.perf_counter() - t0
+        new = [[] for _ in seqs]
+        t0 = time.perf_counter()
+        for i in range(max_new):
+            for s in seqs:
+                tok = int(last[s.req_slot].argmax())
+                new[s.req_slot].append(tok)
+                s.tokens.append(tok)
+            if i == max_new - 1:
+                break
+            out = self.step(seqs, [1] * len(seqs))
+            for s, row in zip(seqs, out.logits):
+                last[s.req_slot] = row
+        sync()
+        t_decode = time.perf_counter() - t0
+        for s in seqs:
+            for base in s.pages:
+                self.alloc.release(base)
+        stats = {"prefill_s": t_prefill, "decode_s": t_decode,
+                 "prefill_tok_s": sum(len(p) for p in prompts) / max(t_prefill, 1e-9),
+                 "decode_tok_s": len(seqs) * max(max_new - 1, 0) / max(t_decode, 1e-9)}
+        return new, stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    from sglang_dsv41.checkpoint.loader import load_model
+
+    ap = argparse.ArgumentParser(description="Offline prefill + greedy decode over the paged runtime.")
+    ap.add_argument("--model", default="deepseek-v4.1-tiny")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--page-size", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", help="write the generated token ids as json")
+    a = ap.parse_args(argv)
+    model = load_model(a.model, device=a.device, progress=False)
+    g = torch.Generator().manual_seed(a.seed)
+    prompts = torch.randint(3, model.cfg.vocab_size, (a.prompts, a.prompt_len), generator=g).tolist()
+    drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size, a.device)
+    new, stats = drv.generate(prompts, a.decode, a.chunk)
+    print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"prompts": prompts, "tokens": new, "stats": stats}, f)
+
+
+if __name__ == "__main__":
+    main()

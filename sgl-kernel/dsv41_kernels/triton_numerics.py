@@ -1,0 +1,220 @@
+"""Bit-exact quantization helpers for the Triton kernels (device functions only; nothing compiles here).
+
+Each helper reproduces one function of `sglang_dsv41.quant` bit for bit, on fp32 tensors of any
+shape. They avoid every Triton conversion whose rounding differs between the GPU and the CPU
+interpreter (`TRITON_INTERPRET=1` truncates fp32 -> bf16 and decodes e4m3 NaN as 480), so the same
+source gives the same bytes in both. NaN rules follow `quant/fp8.py` and `quant/fp4.py`:
+comparisons with NaN are false, so clamps are written with `tl.where` (min/max would drop NaN).
+
+Kernels that call `rope` or `rms_rstd` must be launched with `enable_fp_fusion=False` (`NO_FMA`):
+the twins round every product and sum separately.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NO_FMA = {"enable_fp_fusion": False}
+"""Launch options of every kernel that reproduces rounded fp32 arithmetic (RoPE, norms, scales)."""
+
+
+# ---------------------------------------------------------------------------------- basic
+@triton.jit
+def max_nan(a, b):
+    """Combine function for `tl.reduce`: max that propagates NaN (like torch.amax)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def clamp_nan(x, lo, hi):
+    """clamp(x, lo, hi) keeping NaN (torch.clamp semantics)."""
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def bf16_round(x):
+    """fp32 -> fp32 holding RNE(bf16(x)); NaN stays NaN, overflow goes to inf (torch's cast)."""
+    b = x.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+
+
+# ---------------------------------------------------------------------------------- UE8M0
+@triton.jit
+def ue8m0_ceil(x):
+    """fp32 x (= amax * max_inv) -> 2**ceil(log2 x) from the IEEE bits (quant.fp8.ue8m0_ceil_scale)."""
+    b = x.to(tl.int32, bitcast=True)
+    e = (b >> 23) & 0xFF
+    up = ((b & 0x7FFFFF) != 0).to(tl.int32)
+    out = ((e + up) << 23).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, out)
+
+
+@triton.jit
+def exponent_byte(s):
+    """Power-of-two fp32 -> UE8M0 exponent byte as int32 (quant.fp8.fp32_pow2_to_exponent_byte)."""
+    b = s.to(tl.int32, bitcast=True)
+    e = (b >> 23) & 0xFF
+    return tl.where((b & 0x7FFFFFFF) == 0x00400000, 0, e)
+
+
+@triton.jit
+def e8m0_value(e):
+    """UE8M0 exponent byte (any int type) -> fp32 2**(e-127); 0 -> 2**-127, 255 -> NaN."""
+    e = e.to(tl.int32) & 0xFF
+    v = tl.where(e == 0, 0x00400000, e << 23).to(tl.float32, bitcast=True)
+    return tl.where(e == 255, float("nan"), v)
+
+
+# ---------------------------------------------------------------------------------- E4M3
+@triton.jit
+def e4m3_byte(x):
+    """fp32 -> float8_e4m3fn byte (int32 0..255): clamp to +-448, RNE, -0 kept, NaN -> 0x7F
+    (quant.fp8.e4m3_satfinite)."""
+    nan = x != x
+    y = clamp_nan(x, -448.0, 448.0)
+    b = y.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    a = tl.abs(y)
+    ab = a.to(tl.int32, bitcast=True)
+    r = ab + 0x7FFFF + ((ab >> 20) & 1)  # RNE to 3 mantissa bits
+    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # RNE of a / 2**-9, a < 2**-6
+    code = tl.where(a < 0.015625, sub, normal) | sign
+    return tl.where(nan, 0x7F, code)
+
+
+@triton.jit
+def e4m3_value(c):
+    """float8_e4m3fn byte (any int type) -> fp32 exactly; 0x7F / 0xFF -> NaN."""
+    c = c.to(tl.int32) & 0xFF
+    e = (c >> 3) & 15
+    m = c & 7
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
+    v = tl.where((c & 0x80) != 0, -v, v)
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+# ---------------------------------------------------------------------------------- E2M1
+@triton.jit
+def e2m1_code(v):
+    """fp32 v (clamped to [-6, 6] by the caller) -> E2M1 code int32 0..15 (quant.fp4.e2m1_codes):
+    RNE between codes, sign from the sign bit (-0 -> 8), NaN -> 0."""
+    a = tl.abs(v)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+           + (a > 5.0).to(tl.int32))
+    neg = ((v.to(tl.int32, bitcast=True) >> 31) & 1) & (v == v).to(tl.int32)
+    return mag | (neg << 3)
+
+
+@triton.jit
+def e2m1_value(c):
+    """E2M1 code (any int type, low 4 bits used) -> fp32 value (code 8 -> -0.0)."""
+    c = c.to(tl.int32)
+    m = (c & 7).to(tl.float32)
+    v = tl.where(m < 4.0, m * 0.5, tl.where(m < 6.0, m - 2.0, m * 2.0 - 8.0))
+    return tl.where((c & 8) != 0, -v, v)
+
+
+# ---------------------------------------------------------------------------------- RoPE / norm
+@triton.jit
+def rope_pairs(x0, x1, c, s):
+    """One interleaved pair rotation in fp32, each product and sum rounded (layers.rope.apply_rope)."""
+    return x0 * c - x1 * s, x0 * s + x1 * c
+
+
+@triton.jit
+def rms_rstd(sumsq64, d, eps):
+    """fp64 sum of squares (exact for bf16 rows) -> fp32 rsqrt(fp32(sum) / d + eps) (layers.norm)."""
+    ms = tl.math.div_rn(sumsq64.to(tl.float32), d)
+    return tl.math.rsqrt(ms + eps)
+
+
+@triton.jit
+def load_pairs(row_ptr, G: tl.constexpr, P: tl.constexpr, NP: tl.constexpr):
+    """Row of 2*NP elements (unit stride) -> (pair index [G, P], x0 even, x1 odd as fp32).
+    Pair g*P + p holds elements 2(g*P+p) and 2(g*P+p)+1; pairs >= NP are masked to 0."""
+    pair = tl.arange(0, G)[:, None] * P + tl.arange(0, P)[None, :]
+    ok = pair < NP
+    x0 = tl.load(row_ptr + 2 * pair, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(row_ptr + 2 * pair + 1, mask=ok, other=0.0).to(tl.float32)
+    return pair, x0, x1
+
+
+@triton.jit
+def rope_tail(x0, x1, pair, cos_ptr, sin_ptr, NP: tl.constexpr, RP: tl.constexpr, INVERSE: tl.constexpr = False):
+    """Rotate the last RP pairs of a row (x0/x1 hold bf16 values) by the fp32 cos/sin row
+    [RP]; result rounded to bf16 (layers.rope.apply_rope). Other pairs are returned unchanged."""
+    j = pair - (NP - RP)
+    rot = (j >= 0) & (pair < NP)
+    c = tl.load(cos_ptr + j, mask=rot, other=1.0)
+    s = tl.load(sin_ptr + j, mask=rot, other=0.0)
+    if INVERSE:
+        s = -s
+    r0, r1 = rope_pairs(x0, x1, c, s)
+    return tl.where(rot, bf16_round(r0), x0), tl.where(rot, bf16_round(r1), x1)
+
+
+# ---------------------------------------------------------------------------------- group quantizers
+# Rows are held as interleaved pairs: x0 = even elements, x1 = odd elements, both [G, P] with one
+# quantization group per row of the tile (P pairs = 2P elements). Every helper returns per-element
+# results for both halves and per-group values with keep_dims ([G, 1]).
+@triton.jit
+def group_amax(x0, x1):
+    """NaN-propagating max |x| over each group (axis 1 of both halves) -> [G, 1]."""
+    a0 = tl.reduce(tl.abs(x0), 1, max_nan, keep_dims=True)
+    a1 = tl.reduce(tl.abs(x1), 1, max_nan, keep_dims=True)
+    return max_nan(a0, a1)
+
+
+@triton.jit
+def fp4_stage1(x0, x1):
+    """Indexer FP4 stage 1 (32-groups) -> fp32 holding bf16 values (quant.fp4.index_fp4_stage1)."""
+    amax = group_amax(x0, x1)
+    amax = tl.where(amax < 6.0 * 2.0**-126, 6.0 * 2.0**-126, amax)
+    s = ue8m0_ceil(amax * (1.0 / 6.0))
+    v0 = clamp_nan(tl.math.div_rn(x0, s), -6.0, 6.0)
+    v1 = clamp_nan(tl.math.div_rn(x1, s), -6.0, 6.0)
+    r0 = tl.where(v0 != v0, v0, e2m1_value(e2m1_code(v0)))
+    r1 = tl.where(v1 != v1, v1, e2m1_value(e2m1_code(v1)))
+    return bf16_round(r0 * s), bf16_round(r1 * s)
+
+
+@triton.jit
+def fp4_stage2(x0, x1):
+    """Indexer FP4 stage 2, the 68-byte packer (32-groups) -> (codes0, codes1 int32 with -0 stored
+    as +0, scale fp32 [G, 1]) (quant.layouts.index_fp4_pack)."""
+    sc = group_amax(x0, x1) * (1.0 / 6.0)
+    sc = tl.where(sc < 1e-4, 1e-4, sc)
+    scale = ue8m0_ceil(sc * 1.0)
+    c0 = e2m1_code(clamp_nan(tl.math.div_rn(x0, scale), -6.0, 6.0))
+    c1 = e2m1_code(clamp_nan(tl.math.div_rn(x1, scale), -6.0, 6.0))
+    return tl.where(c0 == 8, 0, c0), tl.where(c1 == 8, 0, c1), scale
+
+
+@triton.jit
+def kv_fp4_group(x0, x1):
+    """Compressed-KV FP4 (16-groups) -> (codes0, codes1 int32, e4m3 scale byte int32 [G, 1])
+    (quant.fp4.kv_fp4_quant: amax >= 6*2**-9, s = e4m3(amax / 6), codes of clamp(x / s))."""
+    amax = group_amax(x0, x1)
+    amax = tl.where(amax < 6.0 * 2.0**-9, 6.0 * 2.0**-9, amax)
+    s8 = e4m3_byte(tl.math.div_rn(amax, 6.0))
+    s = e4m3_value(s8)
+    c0 = e2m1_code(clamp_nan(tl.math.div_rn(x0, s), -6.0, 6.0))
+    c1 = e2m1_code(clamp_nan(tl.math.div_rn(x1, s), -6.0, 6.0))
+    return c0, c1, s8
+
+
+@triton.jit
+def mxfp8_group(x0, x1):
+    """MXFP8 (32-groups) -> (e4m3 bytes0, bytes1 int32, scale fp32 [G, 1]) (quant.fp8.mxfp8_quant)."""
+    amax = group_amax(x0, x1)
+    amax = tl.where(amax < 1e-4, 1e-4, amax)
+    s = ue8m0_ceil(amax * (1.0 / 448.0))
+    return e4m3_byte(tl.math.div_rn(x0, s)), e4m3_byte(tl.math.div_rn(x1, s)), s
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))
