@@ -35,3 +35,9 @@ def sparse_attention_paged(
             valid.append(cs >= 0)
         out.append(attend_gathered(q[s : s + chunk], torch.cat(keys, 1), torch.cat(valid, 1), sink, scale))
     return torch.cat(out) if out else q.new_zeros(q.shape)
+
+
+try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
+    from dsv41_kernels import attention_triton as _triton  # noqa: E402,F401
+except ImportError:  # pragma: no cover
+    pass

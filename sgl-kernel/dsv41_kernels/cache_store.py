@@ -41,3 +41,9 @@ def compressed_kv_store(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 def index_key_store(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, pool: torch.Tensor) -> None:
     """k bf16 [n, di] (= k_norm(wk(latent))) -> pool[slots] = two-stage FP4 bytes of rope(k)."""
     _scatter(pool, slots, index_fp4_pack(index_fp4_stage1(apply_rope(k, cos, sin))))
+
+
+try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
+    from dsv41_kernels import cache_store_triton as _triton  # noqa: E402,F401
+except ImportError:  # pragma: no cover
+    pass

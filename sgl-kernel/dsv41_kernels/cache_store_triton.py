@@ -107,26 +107,26 @@ def _check_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: to
 
 
 @window_kv_store.triton_impl
-def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool):
+def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, num_warps: int = 4):
     n, d = kv.shape
     if n == 0:
         return
     kv, cos, sin = _check_rows(kv, cos, sin, slots, pool, d + d // 32, 32)
     _window_kv_store_kernel[(n,)](
         kv, kv.stride(0), norm_weight.contiguous(), cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0),
-        float(eps), D=d, RP=cos.size(1), G=next_pow2(d // 32), num_warps=4, **NO_FMA,
+        float(eps), D=d, RP=cos.size(1), G=next_pow2(d // 32), num_warps=num_warps, **NO_FMA,
     )
 
 
 @compressed_kv_store.triton_impl
-def compressed_kv_store_triton(latent, cos, sin, slots, pool):
+def compressed_kv_store_triton(latent, cos, sin, slots, pool, num_warps: int = 4):
     n, d = latent.shape
     if n == 0:
         return
     latent, cos, sin = _check_rows(latent, cos, sin, slots, pool, d // 2 + d // 16, 16)
     _compressed_kv_store_kernel[(n,)](
         latent, latent.stride(0), cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0),
-        D=d, RP=cos.size(1), G=next_pow2(d // 16), num_warps=4, **NO_FMA,
+        D=d, RP=cos.size(1), G=next_pow2(d // 16), num_warps=num_warps, **NO_FMA,
     )
 
 
@@ -143,4 +143,3 @@ def index_key_store_triton(k, cos, sin, slots, pool):
 
 
 __all__ = ["compressed_kv_store_triton", "index_key_store_triton", "window_kv_store_triton"]
-_ = triton  # the module is imported for its kernels; nothing is compiled until the first call

@@ -44,3 +44,10 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: i
     """scores [T, n] (-inf past `visible`), visible int [T] -> bool [T, n] kept-block mask
     (block key = max of its scores, newest block pinned, top `topk_blocks`, ties to lower block)."""
     return ref.select_candidate_blocks(scores, visible, topk_blocks, block_size)
+
+
+try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
+    from dsv41_kernels import indexer_triton as _triton  # noqa: E402,F401
+    from dsv41_kernels import topk_triton as _topk_triton  # noqa: E402,F401
+except ImportError:  # pragma: no cover
+    pass

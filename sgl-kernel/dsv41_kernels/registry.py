@@ -4,8 +4,9 @@
     @op.triton_impl
     def _window_kv_store_triton(...): ...       # same signature
 
-Calling `op(...)` runs the Triton kernel when one is registered, the first tensor argument lives
-on CUDA and `SGLANG_DSV41_TORCH_OPS` is not set to 1; otherwise the twin. `op.torch(...)` and
+Calling `op(...)` runs the Triton kernel when one is registered, some tensor argument lives on
+CUDA (e.g. the row ids of a gather from a pinned host table) and `SGLANG_DSV41_TORCH_OPS` is not
+set to 1; otherwise the twin. `op.torch(...)` and
 `op.triton(...)` call one side explicitly (tests compare them). Nothing is compiled at import.
 """
 
@@ -34,14 +35,14 @@ class Op:
         self.triton = fn
         return fn
 
-    def uses_triton(self, args: tuple) -> bool:
+    def uses_triton(self, args: tuple, kwargs: dict | None = None) -> bool:
         if self.triton is None or torch_ops_forced():
             return False
-        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        return first is not None and first.is_cuda
+        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        return any(a.is_cuda for a in tensors)
 
     def __call__(self, *args, **kwargs):
-        impl = self.triton if self.uses_triton(args) else self.torch
+        impl = self.triton if self.uses_triton(args, kwargs) else self.torch
         return impl(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -12,11 +12,20 @@ the twins round every product and sum separately.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 NO_FMA = {"enable_fp_fusion": False}
 """Launch options of every kernel that reproduces rounded fp32 arithmetic (RoPE, norms, scales)."""
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+"""Read once, like triton.jit does: kernels were built for the CPU interpreter."""
+
+DOT_DTYPE = tl.float32 if INTERPRET else tl.bfloat16
+"""Operand type of tl.dot on bf16 values: the interpreter multiplies bf16 operands wrongly (3.8),
+so it gets the (exact) fp32 copies; GPUs use bf16 tensor cores."""
 
 
 # ---------------------------------------------------------------------------------- basic
@@ -162,35 +171,37 @@ def rope_tail(x0, x1, pair, cos_ptr, sin_ptr, NP: tl.constexpr, RP: tl.constexpr
 # quantization group per row of the tile (P pairs = 2P elements). Every helper returns per-element
 # results for both halves and per-group values with keep_dims ([G, 1]).
 @triton.jit
-def group_amax(x0, x1):
-    """NaN-propagating max |x| over each group (axis 1 of both halves) -> [G, 1]."""
-    a0 = tl.reduce(tl.abs(x0), 1, max_nan, keep_dims=True)
-    a1 = tl.reduce(tl.abs(x1), 1, max_nan, keep_dims=True)
+def group_amax(x0, x1, AXIS: tl.constexpr = 1):
+    """NaN-propagating max |x| over each group (axis AXIS of both halves), keep_dims."""
+    a0 = tl.reduce(tl.abs(x0), AXIS, max_nan, keep_dims=True)
+    a1 = tl.reduce(tl.abs(x1), AXIS, max_nan, keep_dims=True)
     return max_nan(a0, a1)
 
 
 @triton.jit
-def fp4_stage1(x0, x1):
+def fp4_stage1(x0, x1, AXIS: tl.constexpr = 1):
     """Indexer FP4 stage 1 (32-groups) -> fp32 holding bf16 values (quant.fp4.index_fp4_stage1)."""
-    amax = group_amax(x0, x1)
+    amax = group_amax(x0, x1, AXIS)
     amax = tl.where(amax < 6.0 * 2.0**-126, 6.0 * 2.0**-126, amax)
     s = ue8m0_ceil(amax * (1.0 / 6.0))
-    v0 = clamp_nan(tl.math.div_rn(x0, s), -6.0, 6.0)
-    v1 = clamp_nan(tl.math.div_rn(x1, s), -6.0, 6.0)
+    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
+    v0 = clamp_nan(x0 * inv, -6.0, 6.0)
+    v1 = clamp_nan(x1 * inv, -6.0, 6.0)
     r0 = tl.where(v0 != v0, v0, e2m1_value(e2m1_code(v0)))
     r1 = tl.where(v1 != v1, v1, e2m1_value(e2m1_code(v1)))
     return bf16_round(r0 * s), bf16_round(r1 * s)
 
 
 @triton.jit
-def fp4_stage2(x0, x1):
+def fp4_stage2(x0, x1, AXIS: tl.constexpr = 1):
     """Indexer FP4 stage 2, the 68-byte packer (32-groups) -> (codes0, codes1 int32 with -0 stored
-    as +0, scale fp32 [G, 1]) (quant.layouts.index_fp4_pack)."""
-    sc = group_amax(x0, x1) * (1.0 / 6.0)
+    as +0, scale fp32 keep_dims) (quant.layouts.index_fp4_pack)."""
+    sc = group_amax(x0, x1, AXIS) * (1.0 / 6.0)
     sc = tl.where(sc < 1e-4, 1e-4, sc)
     scale = ue8m0_ceil(sc * 1.0)
-    c0 = e2m1_code(clamp_nan(tl.math.div_rn(x0, scale), -6.0, 6.0))
-    c1 = e2m1_code(clamp_nan(tl.math.div_rn(x1, scale), -6.0, 6.0))
+    inv = tl.math.div_rn(1.0, scale)
+    c0 = e2m1_code(clamp_nan(x0 * inv, -6.0, 6.0))
+    c1 = e2m1_code(clamp_nan(x1 * inv, -6.0, 6.0))
     return tl.where(c0 == 8, 0, c0), tl.where(c1 == 8, 0, c1), scale
 
 
@@ -213,7 +224,8 @@ def mxfp8_group(x0, x1):
     amax = group_amax(x0, x1)
     amax = tl.where(amax < 1e-4, 1e-4, amax)
     s = ue8m0_ceil(amax * (1.0 / 448.0))
-    return e4m3_byte(tl.math.div_rn(x0, s)), e4m3_byte(tl.math.div_rn(x1, s)), s
+    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
+    return e4m3_byte(x0 * inv), e4m3_byte(x1 * inv), s
 
 
 def next_pow2(n: int) -> int:
