@@ -24,6 +24,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from sglang_dsv41.checkpoint.io import write_checkpoint
@@ -148,7 +149,7 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
         "model_type": "deepseek_v41",
         "text_config": text,
         "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": 0},
-        "quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0",
+        "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32], "scale_fmt": "ue8m0",
                                 "routed_experts_quant_method": "mxfp4"},
         "torch_dtype": "bfloat16",
         "bos_token_id": 0,
@@ -158,8 +159,11 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
 
 
 def _normal(name: str, shape: tuple[int, ...], std: float, seed: int, device: str, mean: float = 0.0) -> torch.Tensor:
-    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.randn(shape, generator=g, device=device, dtype=torch.float32) * std + mean
+    """N(mean, std^2) fp32 from NumPy's PCG64 stream: the same bytes on every machine and device
+    (torch's own CPU normal sampler changes with the SIMD width, and CUDA's with the device)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    x = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
+    return x * std + mean
 
 
 def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:

@@ -82,6 +82,28 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
     return out
 
 
+def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict[str, torch.Tensor]:
+    """Validate already-read tensors (e.g. from an engine's weight iterator) against the schema,
+    like `read_tensors`: skips ignored names, raises `CheckpointError` naming the tensor. Packed FP4
+    experts stored as U8 are viewed as int8."""
+    schema = checkpoint_schema(cfg)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if is_ignored(name):
+            continue
+        spec = schema.get(name)
+        if spec is None:
+            raise CheckpointError(f"unexpected tensor '{name}' in {where}: not part of this config's model")
+        _check(spec, _TORCH_TO_ST.get(t.dtype, str(t.dtype)), tuple(t.shape), where)
+        out[name] = t.view(torch.int8) if (t.dtype == torch.uint8 and spec.dtype == "I8") else t
+    missing = [n for n in schema if n not in out]
+    if missing:
+        spec = schema[missing[0]]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor '{spec.name}' in {where}: expected {spec.dtype} {list(spec.shape)}{more}")
+    return out
+
+
 def _check(spec: TensorSpec, dtype: str, shape: tuple[int, ...], where: str) -> None:
     if dtype != spec.dtype and (spec.dtype, dtype) not in _EQUIVALENT:
         raise CheckpointError(f"tensor '{spec.name}' in {where}: expected dtype {spec.dtype}, found {dtype}")

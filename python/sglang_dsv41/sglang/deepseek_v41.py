@@ -1,0 +1,141 @@
+"""`DeepseekV41ForCausalLM`: the model class SGLang builds for the released checkpoint.
+
+SGLang owns scheduling, the radix cache, the token/request allocators and sampling; this class owns
+the math: our `DeepseekV41` parameters (named as the checkpoint), our paged `KVPools` (indexed by
+SGLang's token slots, allocated at the first forward from the sizes of SGLang's pools) and the
+engine-agnostic `Runtime`. Logits are the runtime's fp32 logits, handed to SGLang unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+
+from sglang_dsv41.checkpoint.io import check_tensors
+from sglang_dsv41.config import ModelConfig
+from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.runtime import KVPools, Runtime
+from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
+from sglang_dsv41.sglang.report import startup_report
+
+logger = logging.getLogger(__name__)
+
+
+def _model_config(config) -> ModelConfig:
+    """Our record from the checkpoint's own config.json when the path is known (SGLang's config
+    object is its flattened V3-derived class), else from the config object."""
+    path = getattr(config, "_name_or_path", None)
+    if path and os.path.isfile(os.path.join(str(path), "config.json")):
+        return ModelConfig.from_pretrained(path)
+    return ModelConfig.from_hf(config)
+
+
+class DeepseekV41ForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None, prefix: str = "", **kwargs):
+        super().__init__()
+        self.config = config
+        self.cfg = _model_config(config)
+        # SGLang builds under its default dtype (bf16); our modules choose their dtypes explicitly and
+        # any derived fp32 table must stay fp32. Parameters come from the checkpoint (load_weights).
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            with torch.device("meta"):
+                self.model = DeepseekV41(self.cfg)
+        finally:
+            torch.set_default_dtype(prev)
+        self.logits_processor = LogitsProcessor(config)
+        self.runtime: Runtime | None = None
+        self.store: TokenStore | None = None
+        ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
+        self.history_width = max(ngram - 1, 1)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Validate SGLang's (name, tensor) stream against our checkpoint schema (CheckpointError
+        names a missing / unexpected / mis-shaped tensor) and assign it to the parameters."""
+        device = torch.device("cpu")
+        tensors = {name: t.to(device) for name, t in weights}
+        tensors = check_tensors(tensors, self.cfg, where=str(getattr(self.config, "_name_or_path", "the checkpoint")))
+        self.model.load_state_dict(tensors, strict=True, assign=True)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        path = getattr(self.config, "_name_or_path", None)
+        if self.cfg.engram is not None:
+            from sglang_dsv41.tokenizer.token_map import token_map_tensor
+
+            self.model.set_token_map(token_map_tensor(str(path), device=device))
+        else:
+            self.model.engram_token_map = torch.zeros(0, dtype=torch.int64, device=device)
+        self.model.eval()
+
+    # ------------------------------------------------------------------ pools
+    def _ensure_runtime(self, fb) -> Runtime:
+        if self.runtime is None:
+            kv = get_token_to_kv_pool()
+            page = int(getattr(kv, "page_size", 1))
+            num_slots = int(kv.size) + page
+            req_to_token = get_req_to_token_pool().req_to_token
+            num_req_slots = int(req_to_token.shape[0])
+            device = fb.input_ids.device
+            pools = KVPools(self.cfg, num_slots, num_req_slots, device)
+            self.runtime = Runtime(self.model, pools)
+            self.store = TokenStore(num_slots, device)
+            logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1])))
+        return self.runtime
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, input_embeds=None, **kwargs):
+        fb = forward_batch
+        if fb.forward_mode.is_idle() or fb.batch_size == 0 or input_ids.numel() == 0:
+            return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size, device=input_ids.device))
+        runtime = self._ensure_runtime(fb)
+        meta = LogitsMetadata.from_forward_batch(fb)
+        if fb.forward_mode.is_decode():
+            plan = plan_logits([1] * fb.batch_size, None, input_ids.device)
+        else:
+            starts = fb.extend_logprob_start_lens_cpu if meta.extend_return_logprob else None
+            plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
+        req_to_token = get_req_to_token_pool().req_to_token
+        out = runtime.forward(build_batch(fb, req_to_token, self.store, self.history_width, plan.rows))
+        self._capture_routed_experts(out.routed_experts)
+        # Runtime.forward runs under inference_mode; SGLang's sampler scales logits in place outside
+        # it, which an inference tensor refuses. A copy (rows x vocab) is a normal tensor.
+        logits = out.logits.clone()
+        if not plan.input_logprobs:
+            return LogitsProcessorOutput(next_token_logits=logits)
+        meta.sample_indices_cpu = plan.sample_indices
+        meta.input_logprob_indices_cpu = plan.input_logprob_indices
+        dev = logits.device
+        result, sampled = self.logits_processor.input_logprob_processor.forward(
+            pruned_states=logits,
+            sample_indices=torch.tensor(plan.sample_indices, dtype=torch.int64, device=dev),
+            input_logprob_indices=torch.tensor(plan.input_logprob_indices, dtype=torch.int64, device=dev),
+            token_to_seq_idx=plan.token_to_seq_idx,
+            lm_head=None,
+            get_logits_fn=identity_logits,
+            logits_metadata=meta,
+        )
+        output = LogitsProcessorOutput(next_token_logits=sampled)
+        result.write_input_to(output)
+        return output
+
+    def _capture_routed_experts(self, routed: dict[int, torch.Tensor]) -> None:
+        from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
+
+        capturer = get_global_experts_capturer()
+        if capturer is None:
+            return
+        for layer_id, ids in routed.items():
+            capturer.capture(layer_id=layer_id, topk_indices=ids.to(torch.int32))
+
+
+EntryClass = DeepseekV41ForCausalLM

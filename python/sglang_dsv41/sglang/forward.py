@@ -1,0 +1,99 @@
+"""SGLang's ForwardBatch -> our runtime `Batch`, and our fp32 logits -> SGLang's LogitsProcessorOutput.
+
+Index spaces match one to one: SGLang's token slots (`out_cache_loc`, rows of
+`req_to_token_pool.req_to_token`) are our pool slots, and `req_pool_indices` are our request slots
+(ratio-2 pending state). Extend, mixed (decode rows are extends of length 1) and decode all map to
+the same packed `Batch`.
+
+Engram needs the N-1 token ids before each request's first new token, which a ForwardBatch does not
+carry; `TokenStore` keeps the id of every token slot (written from `input_ids` at `out_cache_loc` on
+every forward), so the history of a radix-cache hit is read from the slots of the shared prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_dsv41.runtime.batch import Batch
+
+
+class TokenStore:
+    """int64 [num_slots]: the token id held by each pool slot."""
+
+    def __init__(self, num_slots: int, device: torch.device | str):
+        self.ids = torch.zeros(num_slots, dtype=torch.int64, device=device)
+
+    def write(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        self.ids[slots.long()] = ids.long()
+
+    def history(self, token_table: torch.Tensor, prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+        """int64 [B, width]: ids at positions prefix-width .. prefix-1 (0 where negative)."""
+        pos = prefix_lens.unsqueeze(1) - width + torch.arange(width, device=prefix_lens.device)
+        slots = token_table.gather(1, pos.clamp_min(0))
+        return torch.where(pos >= 0, self.ids[slots], 0)
+
+
+@dataclass
+class LogitsPlan:
+    """Which packed rows get logits, and (for input logprobs) how SGLang indexes them."""
+
+    rows: torch.Tensor
+    input_logprobs: bool = False
+    sample_indices: list[int] | None = None
+    input_logprob_indices: list[int] | None = None
+    token_to_seq_idx: list[int] | None = None
+
+
+def plan_logits(extend_lens: list[int], logprob_starts: list[int] | None, device) -> LogitsPlan:
+    """Rows whose logits SGLang needs: the last row of each request, or, when input logprobs are
+    requested, every row from each request's logprob start (at least its last row). The index lists
+    follow SGLang's LogitsProcessor (sample row per request, rows that carry an input logprob)."""
+    ends = torch.tensor(extend_lens, dtype=torch.int64).cumsum(0)
+    if logprob_starts is None:
+        return LogitsPlan(rows=(ends - 1).to(device))
+    rows, sample, lp_idx, seq_of = [], [], [], []
+    pt = 0
+    for b, (n, start) in enumerate(zip(extend_lens, logprob_starts)):
+        first = start - 1 if n == start else start  # a chunk with no logprob rows still samples its last
+        base = len(rows)
+        rows.extend(range(pt + first, pt + n))
+        seq_of.extend([b] * (n - first))
+        sample.append(len(rows) - 1)
+        lp_idx.extend(base + i for i in range(n - start))
+        pt += n
+    return LogitsPlan(torch.tensor(rows, dtype=torch.int64, device=device), True, sample, lp_idx, seq_of)
+
+
+def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width: int, plan_rows: torch.Tensor) -> Batch:
+    """Map one (non-idle) ForwardBatch onto a `Batch` (`req_to_token`: SGLang's [req slots, context]
+    slot table); writes this forward's ids into `store`."""
+    device = fb.input_ids.device
+    if fb.forward_mode.is_decode():
+        seq = fb.seq_lens.to(torch.int64)
+        prefix = seq - 1
+        ext = torch.ones_like(seq)
+    else:
+        prefix = torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64, device=device)
+        ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64, device=device)
+    width = int((prefix + ext).max())
+    req_slots = fb.req_pool_indices.to(torch.int64)
+    token_table = req_to_token[req_slots, :width].to(torch.int64)
+    store.write(fb.out_cache_loc, fb.input_ids)
+    return Batch(
+        input_ids=fb.input_ids.to(torch.int64),
+        positions=fb.positions.to(torch.int64),
+        req_index=torch.repeat_interleave(torch.arange(len(ext), device=device), ext),
+        req_slots=req_slots,
+        prefix_lens=prefix,
+        extend_lens=ext,
+        token_table=token_table,
+        history=store.history(token_table, prefix, history_width),
+        logits_rows=plan_rows,
+    )
+
+
+def identity_logits(states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """`get_logits_fn` for SGLang's input-logprob processor: our rows already are fp32 logits."""
+    return states

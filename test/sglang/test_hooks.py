@@ -1,0 +1,109 @@
+"""The SGLang adapter without a server: every hook target still exists in the installed SGLang (fails
+loudly when SGLang moves one), the architecture rewrite, aliases, V4.1 flag rules, the platform gate,
+and the ForwardBatch -> Batch helpers. Oracles: SGLang 0.5.23's own objects and hand-built cases."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dsv41.sglang import hooks
+from sglang_dsv41.sglang.forward import TokenStore, plan_logits
+from sglang_dsv41.sglang.server_args import ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
+
+
+@pytest.mark.parametrize("hook", hooks.HOOKS, ids=lambda h: h.target.rsplit(".", 1)[-1])
+def test_hook_target_exists(hook):
+    assert hooks.resolve(hook.target) is not None, f"SGLang moved {hook.target}: {hook.why}"
+
+
+def test_wrapped_resolution_steps_are_overridable():
+    from sglang.srt.arg_groups.resolution_hooks import _OVERRIDABLE_HOOKS
+
+    assert {"handle_model_source_paths", "handle_missing_default_values"} <= _OVERRIDABLE_HOOKS
+
+
+def test_architecture_kept_on_our_class():
+    from sglang.srt.configs.deepseek_v41 import normalize_deepseek_v41_config
+
+    raw = {"architectures": [ARCHITECTURE], "model_type": "deepseek_v41", "text_config": {"hidden_size": 8}}
+    rewritten = normalize_deepseek_v41_config(raw)
+    assert rewritten["architectures"] == ["DeepseekV4ForCausalLM"]  # SGLang's own rewrite, which we undo
+    kept = hooks.keep_v41_architecture(rewritten, raw)
+    assert kept["architectures"] == [ARCHITECTURE] and kept["hidden_size"] == 8
+    other = {"architectures": ["DeepseekV4ForCausalLM"]}
+    assert hooks.keep_v41_architecture(dict(other), other)["architectures"] == ["DeepseekV4ForCausalLM"]
+
+
+def test_entry_points_registered():
+    from importlib.metadata import entry_points
+
+    assert "sglang_dsv41.sglang.platform:activate" in {e.value for e in entry_points(group="sglang.srt.platforms")}
+    assert "sglang_dsv41.sglang.plugin:register" in {e.value for e in entry_points(group="sglang.srt.plugins")}
+
+
+def test_model_class_registered_from_external_package():
+    from sglang.srt.models.registry import import_model_classes
+
+    assert ARCHITECTURE in import_model_classes(hooks.EXTERNAL_PACKAGE)
+
+
+def test_platform_never_claims_a_cuda_machine(monkeypatch):
+    from sglang_dsv41.sglang import platform
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert platform.activate() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    assert platform.activate() == "sglang_dsv41.sglang.platform:Dsv41CpuPlatform"
+
+
+def test_aliases(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_DSV41_CACHE", str(tmp_path))
+    assert resolve_model_name("deepseek-v4.1") == ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek-v4.1")
+    assert resolve_model_name("/some/dir") == ("/some/dir", None)
+    path, served = resolve_model_name("deepseek-v4.1-tiny")
+    assert served == "deepseek-v4.1-tiny" and (tmp_path / "deepseek-v4.1-tiny" / "config.json").exists()
+    assert path == str(tmp_path / "deepseek-v4.1-tiny")
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("enable_hisparse", True, "--enable-hisparse"),
+    ("pp_size", 2, "--pp-size"),
+    ("enable_two_batch_overlap", True, "--enable-two-batch-overlap"),
+    ("speculative_algorithm", "EAGLE", "--speculative-algorithm"),
+    ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
+    ("enable_encoder_swa_bounded_replay", True, "--enable-encoder-swa-bounded-replay"),
+    ("enable_decoder_swa_bounded_replay", True, "--enable-decoder-swa-bounded-replay"),
+    ("enable_return_routed_experts", True, "--enable-return-routed-experts"),
+])
+def test_rejected_flags_name_the_flag(field, value, flag):
+    with pytest.raises(ValueError, match=flag):
+        validate_flags(SimpleNamespace(**{field: value}), on_cpu=True)
+
+
+def test_defaults():
+    validate_flags(SimpleNamespace(pp_size=1, enable_decoder_swa_bounded_replay=None), on_cpu=True)
+    assert v41_defaults(None, {}, on_cpu=True) == {"page_size": 64}
+    assert v41_defaults(None, {"page_size": 256}, on_cpu=False) == {}
+    with pytest.raises(ValueError, match="--page-size"):
+        v41_defaults(None, {"page_size": 63}, on_cpu=True)
+
+
+def test_plan_logits_follows_sglang_pruning():
+    # SGLang's example: extend lens [4, 5, 6], logprob starts [0, 5, 3].
+    p = plan_logits([4, 5, 6], [0, 5, 3], "cpu")
+    assert p.rows.tolist() == [0, 1, 2, 3, 8, 12, 13, 14]
+    assert p.sample_indices == [3, 4, 7] and p.input_logprob_indices == [0, 1, 2, 3, 5, 6, 7]
+    assert p.token_to_seq_idx == [0, 0, 0, 0, 1, 2, 2, 2]
+    assert plan_logits([4, 5, 6], None, "cpu").rows.tolist() == [3, 8, 14]
+
+
+def test_token_store_history_reads_shared_prefix_slots():
+    store = TokenStore(16, "cpu")
+    store.write(torch.tensor([4, 5, 6, 7]), torch.tensor([11, 12, 13, 14]))
+    table = torch.tensor([[4, 5, 6, 7, 8], [4, 5, 9, 10, 11]])  # request 1 shares request 0's first 2 slots
+    hist = store.history(table, torch.tensor([4, 2]), 3)
+    assert hist.tolist() == [[12, 13, 14], [0, 11, 12]]
