@@ -2,7 +2,8 @@
 
 `deepseek-v4.1-tiny` (the default for CPU serving and tests) and `deepseek-v4.1-small` are the
 seeded random presets of `sglang_dsv41.tiny`. The cache dir is `$SGLANG_DSV41_CACHE` or
-`~/.cache/sglang_dsv41`; generation writes into a temporary sibling and renames it into place, so
+`~/.cache/sglang_dsv41`, one subdirectory per alias and generator version (a generator change
+never serves stale bytes); generation writes into a temporary sibling and renames it into place, so
 concurrent first uses never see a half-written checkpoint.
 """
 
@@ -29,10 +30,11 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     if preset is None:
         known = ", ".join(sorted(EMBEDDED_MODELS))
         raise FileNotFoundError(f"model '{name_or_path}' is neither a checkpoint directory nor an embedded model ({known})")
-    target = cache_dir() / str(name_or_path)
+    from sglang_dsv41.tiny import GENERATOR_VERSION, write_tiny_checkpoint
+
+    target = cache_dir() / f"{name_or_path}-g{GENERATOR_VERSION}"
     if (target / "config.json").exists():
         return target
-    from sglang_dsv41.tiny import write_tiny_checkpoint
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

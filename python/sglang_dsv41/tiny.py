@@ -35,6 +35,8 @@ from sglang_dsv41.quant import fp32_pow2_to_e8m0, mxfp8_quant, quant_fp8_weight,
 from sglang_dsv41.tokenizer.tiny_tokenizer import save_tiny_tokenizer
 from sglang_dsv41.tokenizer.token_map import build_compressed_token_map
 
+GENERATOR_VERSION = 2
+"""Bumped whenever the bytes a preset produces change (cached embedded checkpoints are keyed by it)."""
 RESIDUAL_GAIN = 0.5
 HEAD_GAIN = 2.0
 _RESIDUAL_WRITERS = (".attn.wo_b.", ".w2.", ".engram.wkv.")
