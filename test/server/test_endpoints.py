@@ -113,6 +113,15 @@ def test_bad_requests_get_4xx(server, body, fragment):
     assert 400 <= r.status_code < 500 and fragment in r.json()["message"]
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+])
+def test_unknown_model_name_gets_4xx(server, path, body):
+    r = requests.post(server.url + path, json={"model": "no-such-model", **body}, timeout=60)
+    assert 400 <= r.status_code < 500 and "no-such-model" in r.json()["message"]
+
+
 def test_malformed_json_gets_400(server):
     r = requests.post(server.url + "/v1/completions", data='{"model": ', timeout=60,
                       headers={"Content-Type": "application/json"})

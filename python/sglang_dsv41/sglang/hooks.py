@@ -44,6 +44,10 @@ HOOKS = (
          "defer the in-tree model zoo; if the registry was imported first, we add our class directly."),
     Hook("sglang.srt.models.registry.ModelRegistry",
          "fallback registration target (ModelRegistry.models[arch] = class)."),
+    Hook("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
+         "AFTER hook: SGLang ignores the request's `model`; a name this server does not serve becomes a 4xx."),
+    Hook("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+         "AFTER hook: same model-name check for chat completions."),
 )
 
 
@@ -77,6 +81,29 @@ def _install_architecture_hook() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(HOOKS[0].target, keep_v41_architecture, HookType.AFTER)
+
+
+# ---------------------------------------------------------------------------- request model name
+# Names a request may use: the served name (the alias, e.g. deepseek-v4.1-tiny), the model path,
+# SGLang's own default "default", and LoRA-style "<served>:<adapter>".
+def check_model_name(result, serving, request, *args, **kwargs):
+    """AFTER hook on OpenAIServing{Completion,Chat}._validate_request(self, request) -> str | None."""
+    if result:
+        return result
+    model = getattr(request, "model", None)
+    tm = serving.tokenizer_manager
+    served = tm.served_model_name
+    allowed = {served, getattr(tm, "model_path", served), "default"}
+    if model is None or model in allowed or model.startswith(f"{served}:"):
+        return None
+    return f"The model '{model}' does not exist on this server; it serves '{served}'."
+
+
+def _install_model_name_check() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for hook in HOOKS[-2:]:
+        HookRegistry.register(hook.target, check_model_name, HookType.AFTER)
 
 
 # ---------------------------------------------------------------------------- model registry
@@ -165,3 +192,4 @@ def install() -> None:
     _install_model_package()
     _install_architecture_hook()
     _install_server_arg_hooks()
+    _install_model_name_check()
