@@ -129,13 +129,16 @@ def test_malformed_json_gets_400(server):
 
 
 def test_sixteen_concurrent_requests(server, client):
+    """16 requests at once (mixed prefill/decode batches) give exactly what each gives alone."""
     def one(i):
-        return client.completions.create(model=_model(server), prompt=f"Request {i}:", max_tokens=4,
-                                         temperature=0).choices[0]
+        c = client.completions.create(model=_model(server), prompt=f"Request {i}:", max_tokens=4, temperature=0,
+                                      logprobs=1, extra_body={"ignore_eos": True}).choices[0]
+        return c.finish_reason, c.logprobs.tokens, c.logprobs.token_logprobs
 
     with ThreadPoolExecutor(16) as pool:
         outs = list(pool.map(one, range(16)))
-    assert all(o.finish_reason == "length" and o.text for o in outs)
+    assert all(f == "length" and len(t) == 4 for f, t, _ in outs)
+    assert outs[:3] == [one(i) for i in range(3)]
 
 
 def _idle(server, timeout: float) -> bool:

@@ -64,9 +64,12 @@ def test_aliases(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_DSV41_CACHE", str(tmp_path))
     assert resolve_model_name("deepseek-v4.1") == ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek-v4.1")
     assert resolve_model_name("/some/dir") == ("/some/dir", None)
+    from sglang_dsv41.tiny import GENERATOR_VERSION
+
     path, served = resolve_model_name("deepseek-v4.1-tiny")
-    assert served == "deepseek-v4.1-tiny" and (tmp_path / "deepseek-v4.1-tiny" / "config.json").exists()
-    assert path == str(tmp_path / "deepseek-v4.1-tiny")
+    cached = tmp_path / f"deepseek-v4.1-tiny-g{GENERATOR_VERSION}"
+    assert served == "deepseek-v4.1-tiny" and (cached / "config.json").exists()
+    assert path == str(cached)
 
 
 @pytest.mark.parametrize("field, value, flag", [
