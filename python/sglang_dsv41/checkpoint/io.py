@@ -61,24 +61,15 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if is_ignored(name):
-                    continue
-                spec = schema.get(name)
+                spec = _spec_of(schema, name, file.name)
                 if spec is None:
-                    raise CheckpointError(f"unexpected tensor '{name}' in {file.name}: not part of this config's model")
-                sl = f.get_slice(name)
+                    continue
+                sl = f.get_slice(name)  # header only: fail before reading a wrong tensor
                 _check(spec, sl.get_dtype(), tuple(sl.get_shape()), file.name)
-                t = f.get_tensor(name)
-                if t.dtype == torch.uint8 and spec.dtype == "I8":
-                    t = t.view(torch.int8)
-                out[name] = t.to(device)
+                out[name] = _as_stored(f.get_tensor(name), spec).to(device)
                 bar.update(1)
     bar.close()
-    missing = [n for n in schema if n not in out]
-    if missing:
-        spec = schema[missing[0]]
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing tensor '{spec.name}': expected {spec.dtype} {list(spec.shape)}{more}")
+    _check_complete(schema, out, "")
     return out
 
 
@@ -89,19 +80,34 @@ def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if is_ignored(name):
-            continue
-        spec = schema.get(name)
+        spec = _spec_of(schema, name, where)
         if spec is None:
-            raise CheckpointError(f"unexpected tensor '{name}' in {where}: not part of this config's model")
+            continue
         _check(spec, _TORCH_TO_ST.get(t.dtype, str(t.dtype)), tuple(t.shape), where)
-        out[name] = t.view(torch.int8) if (t.dtype == torch.uint8 and spec.dtype == "I8") else t
-    missing = [n for n in schema if n not in out]
+        out[name] = _as_stored(t, spec)
+    _check_complete(schema, out, f" in {where}")
+    return out
+
+
+def _spec_of(schema: dict[str, TensorSpec], name: str, where: str) -> TensorSpec | None:
+    """The tensor's spec; None for release-only tensors we skip; CheckpointError if unexpected."""
+    if is_ignored(name):
+        return None
+    if name not in schema:
+        raise CheckpointError(f"unexpected tensor '{name}' in {where}: not part of this config's model")
+    return schema[name]
+
+
+def _as_stored(t: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    return t.view(torch.int8) if (t.dtype == torch.uint8 and spec.dtype == "I8") else t
+
+
+def _check_complete(schema: dict[str, TensorSpec], found: dict[str, torch.Tensor], where: str) -> None:
+    missing = [n for n in schema if n not in found]
     if missing:
         spec = schema[missing[0]]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing tensor '{spec.name}' in {where}: expected {spec.dtype} {list(spec.shape)}{more}")
-    return out
+        raise CheckpointError(f"missing tensor '{spec.name}'{where}: expected {spec.dtype} {list(spec.shape)}{more}")
 
 
 def _check(spec: TensorSpec, dtype: str, shape: tuple[int, ...], where: str) -> None:
