@@ -88,6 +88,26 @@ def test_greedy_generate_matches_reference(tiny_model, tiny_reference, ids):
     assert stats["decode_s"] > 0 and len(drv.alloc.free) == 2048 // 64 + 1 - 1  # every page returned
 
 
+def test_replayed_decisions_are_used(tiny_model, tiny_reference, ids):
+    """The reference's decisions replayed into the runtime reproduce it; different forced experts
+    or selections change the logits (so replay really drives the forward)."""
+    from sglang_dsv41.runtime import Replay
+
+    n = 120
+    ref = tiny_reference.forward(torch.tensor(ids[:n]))
+    d = ref.decisions
+    run = lambda replay: Driver(tiny_model, 512, 1, page_size=64).step(  # noqa: E731
+        [Sequence(0, ids[:n], n)], [n], all_logits=True, replay=replay)
+    same = run(Replay(routed_experts=d.routed_experts, topk=d.topk, candidates=d.candidates))
+    assert torch.equal(same.logits, ref.logits)
+    assert torch.equal(same.routed_experts[3], d.routed_experts[3]) and torch.equal(same.topk[2], d.topk[2])
+    moved = run(Replay(routed_experts={3: d.routed_experts[3].flip(0)}))
+    assert not torch.equal(moved.logits, ref.logits)
+    sel = d.topk[6].clone()
+    sel[sel >= 0] = 0
+    assert not torch.equal(run(Replay(topk={6: sel})).logits, ref.logits)
+
+
 def test_pool_accounting_release_config():
     import sys
     from pathlib import Path

@@ -6,7 +6,7 @@ Nothing here imports SGLang; the SGLang adapter maps its ForwardBatch onto `Batc
 """
 
 from sglang_dsv41.runtime.batch import Batch
-from sglang_dsv41.runtime.model_runner import Runtime, RuntimeOutput
+from sglang_dsv41.runtime.model_runner import Replay, Runtime, RuntimeOutput
 from sglang_dsv41.runtime.pools import KVPools
 
-__all__ = ["Batch", "KVPools", "Runtime", "RuntimeOutput"]
+__all__ = ["Batch", "KVPools", "Replay", "Runtime", "RuntimeOutput"]

@@ -70,8 +70,9 @@ class Driver:
             table[i, : slots.numel()] = slots
         return table
 
-    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False):
-        """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step)."""
+    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None):
+        """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step);
+        `replay` (runtime.Replay) forces routing / top-k / candidate decisions for these rows."""
         ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
         table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
         batch = Batch.build(
@@ -84,7 +85,7 @@ class Driver:
             device=self.device,
             history_width=ngram,
         )
-        out = self.runtime.forward(batch)
+        out = self.runtime.forward(batch, replay)
         for s, c in zip(seqs, counts):
             s.cached += c
         return out

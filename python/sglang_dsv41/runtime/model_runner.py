@@ -34,6 +34,18 @@ class RuntimeOutput:
     """layer -> int32 [N, top_k]."""
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     """index-source layer -> int32 [N, K] selected compressed positions (-1 padded)."""
+    candidates: dict[int, torch.Tensor] = field(default_factory=dict)
+    """candidate-source layer -> bool [N, n_max] kept-block mask."""
+
+
+@dataclass
+class Replay:
+    """Decisions to force instead of computing them (compare values with decisions held equal,
+    guides/numerics.md step 3). Rows are this batch's rows; any layer may be left out."""
+
+    routed_experts: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [N, top_k]
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)  # index source -> [N, K] positions
+    candidates: dict[int, torch.Tensor] = field(default_factory=dict)  # candidate source -> bool [N, n_max]
 
 
 @dataclass
@@ -42,6 +54,7 @@ class _Step:
 
     batch: Batch
     window_slots: torch.Tensor  # int64 [N, W]
+    replay: "Replay | None" = None
     candidates: dict[int, torch.Tensor] = field(default_factory=dict)
     comp_slots: dict[int, torch.Tensor] = field(default_factory=dict)  # index source -> int64 [N, K]
     slot_tables: dict[int, torch.Tensor] = field(default_factory=dict)  # ratio -> int64 [N, n_max]
@@ -55,11 +68,11 @@ class Runtime:
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> RuntimeOutput:
+    def forward(self, batch: Batch, replay: Replay | None = None) -> RuntimeOutput:
         cfg, m = self.cfg, self.model
         n = cfg.hc.hc_mult
         out = RuntimeOutput(logits=torch.empty(0))
-        step = _Step(batch=batch, window_slots=self._window_slots(batch))
+        step = _Step(batch=batch, window_slots=self._window_slots(batch), replay=replay)
         hash_ids = None
         if self.hasher is not None:
             hash_ids = self.hasher.hash_packed(
@@ -75,7 +88,8 @@ class Runtime:
             x = layer.attn_norm(collapse(streams, pre))
             streams = expand(self._attention(layer, x, step, out), streams, attn_post, attn_comb)
             ffn_pre, ffn_post, ffn_comb = layer.hc_mix("ffn", streams)
-            y, out.routed_experts[lid] = layer.ffn(layer.ffn_norm(collapse(streams, attn_pre)))
+            forced = replay.routed_experts.get(lid) if replay is not None else None
+            y, out.routed_experts[lid] = layer.ffn(layer.ffn_norm(collapse(streams, attn_pre)), forced)
             streams = expand(y, streams, ffn_post, ffn_comb)
             pre = ffn_pre
         rows = batch.logits_rows
@@ -164,10 +178,15 @@ class Runtime:
         q = ops.index_query_quant(ix.wq_b(qr).unflatten(-1, (ix.n_heads, ix.head_dim)), *freqs)
         scores = ops.index_scores(q, ix.head_weights(x), self.pools.index_keys[role.kv_source], table)
         visible = torch.div(b.positions + 1, r, rounding_mode="floor")
+        forced = step.replay
         if role.is_candidate_source:
-            step.candidates[lid] = ops.candidate_blocks(scores, visible, c.candidate_topk_blocks, c.candidate_block_size)
+            cand = forced.candidates.get(lid) if forced is not None else None
+            if cand is None:
+                cand = ops.candidate_blocks(scores, visible, c.candidate_topk_blocks, c.candidate_block_size)
+            step.candidates[lid] = out.candidates[lid] = cand.to(scores.device)
         elif role.uses_candidates:
             scores = scores.masked_fill(~step.candidates[role.candidate_source], float("-inf"))
-        sel = ops.topk_select(scores, c.index_topk)
+        sel = forced.topk.get(lid) if forced is not None else None
+        sel = ops.topk_select(scores, c.index_topk) if sel is None else sel.to(scores.device, torch.int32)
         out.topk[lid] = sel
         step.comp_slots[lid] = torch.where(sel >= 0, table.gather(1, sel.clamp_min(0).long()), -1)
