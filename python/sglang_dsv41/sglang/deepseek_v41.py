@@ -42,6 +42,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.cfg = _model_config(config)
+        # SGLang constructs the model inside `with torch.device(target)`; weights go there at load.
+        self.device = torch.get_default_device()
         # SGLang builds under its default dtype (bf16); our modules choose their dtypes explicitly and
         # any derived fp32 table must stay fp32. Parameters come from the checkpoint (load_weights).
         prev = torch.get_default_dtype()
@@ -61,7 +63,7 @@ class DeepseekV41ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Validate SGLang's (name, tensor) stream against our checkpoint schema (CheckpointError
         names a missing / unexpected / mis-shaped tensor) and assign it to the parameters."""
-        device = torch.device("cpu")
+        device = self.device
         tensors = {name: t.to(device) for name, t in weights}
         tensors = check_tensors(tensors, self.cfg, where=str(getattr(self.config, "_name_or_path", "the checkpoint")))
         self.model.load_state_dict(tensors, strict=True, assign=True)
