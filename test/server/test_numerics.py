@@ -1,7 +1,9 @@
-"""Server numerics vs the reference model. Oracle: `ReferenceModel` full-sequence fp32 logits on the
-same checkpoint, teacher-forced on the server's tokens (test/server/oracle.py). The server runs the paged runtime inside SGLang's
-scheduler with scalar ATen kernels (ATEN_CPU_CAPABILITY=default, inherited), so greedy tokens must be
-equal and logprobs equal within LOGPROB_ATOL (see docs/sglang.md, tolerance table)."""
+"""Server numerics vs the reference model. Oracle: `ReferenceModel` full-sequence fp32 logits and routing
+decisions on the same checkpoint, teacher-forced on the server's tokens (test/server/oracle.py). The server
+runs the paged runtime inside SGLang's scheduler with scalar ATen kernels (ATEN_CPU_CAPABILITY=default,
+inherited), so greedy tokens and routed experts must be equal and logprobs equal within LOGPROB_ATOL (see
+docs/sglang.md, tolerance table). The server also runs `--enable-return-routed-experts` (on CPU; the
+capture only copies expert ids and changes neither scheduling nor math)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from oracle import teacher_forced
+from oracle import reference_routed_experts, teacher_forced
 from launch import start_server, stop_server
 
 LOGPROB_ATOL = 1e-5
@@ -21,7 +23,8 @@ LOGPROB_ATOL = 1e-5
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("numerics") / "server.log"
-    srv = start_server(tiny_dir, log, "--chunked-prefill-size", "64", "--enable-mixed-chunk")
+    srv = start_server(tiny_dir, log, "--chunked-prefill-size", "64", "--enable-mixed-chunk",
+                       "--enable-return-routed-experts")
     yield srv
     stop_server(srv.proc)
 
@@ -32,9 +35,9 @@ def _ids(n: int, seed: int, vocab: int = 1023) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
-def _generate(server, ids, n, input_logprobs=False):
+def _generate(server, ids, n, input_logprobs=False, **extra):
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True}
+            "return_logprob": True, **extra}
     if input_logprobs:
         body["logprob_start_len"] = 0
     r = requests.post(server.url + "/generate", json=body, timeout=600)
@@ -82,3 +85,38 @@ def test_concurrent_mixed_lengths(server, tiny_reference):
         outs = list(pool.map(lambda p: _generate(server, p, 5), prompts))
     for p, out in zip(prompts, outs):
         _check(out, tiny_reference, p, 5)
+
+
+def _routed_experts(out, cfg) -> torch.Tensor:
+    """meta_info["routed_experts"] (base64 int32, decoded by SGLang's own helper) -> [tokens, layers, top_k]."""
+    from sglang.srt.state_capturer.routed_experts import extract_routed_experts_from_meta_info
+
+    flat = torch.from_numpy(extract_routed_experts_from_meta_info(out).copy())
+    return flat.reshape(-1, cfg.num_layers, cfg.moe.n_activated_experts)
+
+
+def test_routed_experts_startup_on_cpu(server):
+    assert "HostCache[routed_experts] allocated" in server.log_text()
+
+
+def test_routed_experts_equal_reference(server, tiny_reference):
+    """Rows = every token that ran a forward: the prompt and all generated tokens but the last."""
+    cfg = tiny_reference.cfg
+    ids = _ids(12, 5)
+    out = _generate(server, ids, 4, return_routed_experts=True)
+    got = _routed_experts(out, cfg)
+    assert got.shape == (len(ids) + 4 - 1, cfg.num_layers, cfg.moe.n_activated_experts)
+    assert 0 <= int(got.min()) and int(got.max()) < cfg.moe.n_routed_experts
+    assert torch.equal(got, reference_routed_experts(tiny_reference, ids + out["output_ids"]))
+
+
+def test_routed_experts_prefix_hit_and_start_len(server, tiny_reference):
+    """Cached prefix rows come from the capture of the request that computed them (keyed by token slot);
+    `routed_experts_start_len` drops the first rows. 150 tokens also run as three 64-token chunks."""
+    a = _ids(150, 6)
+    b = a[:140] + _ids(10, 7)
+    _generate(server, a, 1)
+    out = _generate(server, b, 3, return_routed_experts=True, routed_experts_start_len=100)
+    assert out["meta_info"]["cached_tokens"] >= 128
+    expected = reference_routed_experts(tiny_reference, b + out["output_ids"])[100:]
+    assert torch.equal(_routed_experts(out, tiny_reference.cfg), expected)

@@ -80,11 +80,47 @@ def test_aliases(tmp_path, monkeypatch):
     ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
     ("enable_encoder_swa_bounded_replay", True, "--enable-encoder-swa-bounded-replay"),
     ("enable_decoder_swa_bounded_replay", True, "--enable-decoder-swa-bounded-replay"),
-    ("enable_return_routed_experts", True, "--enable-return-routed-experts"),
+    ("enable_unified_memory", True, "--enable-unified-memory"),
 ])
 def test_rejected_flags_name_the_flag(field, value, flag):
     with pytest.raises(ValueError, match=flag):
         validate_flags(SimpleNamespace(**{field: value}), on_cpu=True)
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_return_routed_experts_accepted(on_cpu):
+    validate_flags(SimpleNamespace(enable_return_routed_experts=True), on_cpu=on_cpu)
+
+
+def test_routed_experts_capturer_on_cpu(monkeypatch):
+    """SGLang's own capturer with device "cpu": host cache allocation (the old CUDA crash), capture,
+    both readbacks (inline and the overlap scheduler's deferred finalize) and get_topk by token slot."""
+    from sglang.srt.mem_cache.pool_host import common
+    from sglang.srt.state_capturer.base import BaseTopkCapturer
+
+    # Start from what SGLang does alone: "cpu" resolves to its cudaHostRegister default.
+    monkeypatch.setitem(common.ALLOC_MEMORY_FUNCS, "cpu", common.ALLOC_MEMORY_FUNCS.default_factory())
+    hooks._install_cpu_host_alloc()
+    assert common.ALLOC_MEMORY_FUNCS["cpu"] is hooks.alloc_host_unpinned
+
+    cap = BaseTopkCapturer(num_tokens=16, max_batch_size=4, num_layers=3, topk_size=2, device="cpu", name="t")
+    ids = torch.arange(18, dtype=torch.int32).reshape(3, 3, 2)  # [layer, token, k]
+    slots = torch.tensor([5, 9, 2])
+    fb = SimpleNamespace(out_cache_loc=slots, out_cache_loc_virtual=None)
+    for layer in range(3):
+        cap.capture(layer, ids[layer])
+    cap.on_forward_end(fb, can_run_graph=False, cuda_graph_batch=None)
+    pool = SimpleNamespace(req_to_token=torch.tensor([[5, 9, 2, 7, 0]]))
+    assert torch.equal(cap.get_topk(0, seqlen=4, req_to_token_pool=pool), ids.transpose(0, 1))
+
+    for layer in range(3):
+        cap.capture(layer, ids[layer][:1] + 100)
+    out = cap.on_forward_end(SimpleNamespace(out_cache_loc=torch.tensor([7]), out_cache_loc_virtual=None),
+                             can_run_graph=False, cuda_graph_batch=None, no_copy_to_cpu=True)
+    out.map_device_tensors(lambda t: t.cpu())
+    out.finalize()
+    assert torch.equal(cap.get_topk(0, seqlen=5, req_to_token_pool=pool, start_len=3), ids[:, :1].transpose(0, 1) + 100)
+    cap.destroy()
 
 
 def test_defaults():

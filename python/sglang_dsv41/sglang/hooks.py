@@ -3,7 +3,7 @@
 Each entry of `HOOKS` names the SGLang object it touches and why; `install()` applies them and
 `test/sglang/test_hooks.py` fails loudly when a target moves. Public plugin APIs (resolution-hook and
 model-override registries, HookRegistry) are preferred; the only wrap of a plain function is the
-architecture rewrite below.
+architecture rewrite below, and the only write into an SGLang table is the CPU host allocator.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ HOOKS = (
          "AFTER hook: SGLang ignores the request's `model`; a name this server does not serve becomes a 4xx."),
     Hook("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
          "AFTER hook: same model-name check for chat completions."),
+    Hook("sglang.srt.mem_cache.pool_host.common.ALLOC_MEMORY_FUNCS",
+         "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
+         "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with "
+         "cudaHostRegister (no CUDA on CPU); on CPU the device cache is host memory, so nothing to pin."),
 )
 
 
@@ -65,6 +69,11 @@ def resolve(target: str):
             obj = getattr(obj, attr)
         return obj
     raise ImportError(target)
+
+
+def _targets(suffix: str) -> list[str]:
+    """The HOOKS targets ending with `suffix` (install code names its targets through HOOKS only)."""
+    return [h.target for h in HOOKS if h.target.endswith(suffix)]
 
 
 # ---------------------------------------------------------------------------- architecture
@@ -102,8 +111,38 @@ def check_model_name(result, serving, request, *args, **kwargs):
 def _install_model_name_check() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for hook in HOOKS[-2:]:
-        HookRegistry.register(hook.target, check_model_name, HookType.AFTER)
+    for target in _targets("._validate_request"):
+        HookRegistry.register(target, check_model_name, HookType.AFTER)
+
+
+# ---------------------------------------------------------------------------- host buffers on CPU
+# SGLang's host-buffer allocators are a defaultdict keyed by device type: npu / musa / xpu pin through
+# torch, every other key (so "cpu") gets alloc_with_host_register, which calls cudaHostRegister for a
+# pinned request and raises "Found no NVIDIA driver" without CUDA. The routed-experts capturer
+# (state_capturer/base.py BaseHostCache, built by ModelRunner.init_routed_experts_capturer) always asks
+# for pinned memory under the model's device, so without this entry `--enable-return-routed-experts`
+# kills the scheduler at startup on CPU. Pinning only serves DMA from an accelerator; on CPU the
+# capturer's "device" cache is host memory already, and the readback (on_forward_end / finalize /
+# get_topk) is plain CPU indexing. The other users of the table (HiCache host pools) key it by their
+# device pool's type, so on a GPU machine they never read "cpu".
+def alloc_host_unpinned(dims: tuple, dtype, device: str, pin_memory: bool, allocator=None,
+                        registration_granularity_bytes: int | None = None):
+    """ALLOC_MEMORY_FUNCS["cpu"]: SGLang's allocator signature; the storage allocator's memory
+    (anonymous mmap by default) without cudaHostRegister. `pin_memory` has nothing to pin for."""
+    import torch
+
+    if allocator is not None:
+        return allocator.allocate(dims, dtype=dtype, device="cpu")
+    return torch.empty(dims, dtype=dtype, device="cpu")
+
+
+def _install_cpu_host_alloc() -> None:
+    (target,) = _targets(".ALLOC_MEMORY_FUNCS")
+    alloc_funcs = resolve(target)
+    # Replace only SGLang's CUDA-registering default (a lookup may already have stored it under
+    # "cpu"); an explicit CPU allocator from a future SGLang wins.
+    if alloc_funcs.get("cpu") in (None, alloc_funcs.default_factory()):
+        alloc_funcs["cpu"] = alloc_host_unpinned
 
 
 # ---------------------------------------------------------------------------- model registry
@@ -193,3 +232,4 @@ def install() -> None:
     _install_architecture_hook()
     _install_server_arg_hooks()
     _install_model_name_check()
+    _install_cpu_host_alloc()

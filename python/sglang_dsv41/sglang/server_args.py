@@ -31,7 +31,8 @@ def resolve_model_name(name: str) -> tuple[str, str | None]:
 
 
 def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
-    """(flag, why) for every requested feature V4.1 (or this implementation) cannot serve."""
+    """(flag, why) for every requested feature V4.1 (or this implementation) cannot serve.
+    `--enable-return-routed-experts` is served on every device (on CPU through hooks.py's host allocator)."""
     spec = getattr(cfg, "speculative_algorithm", None)
     checks = [
         ("--enable-hisparse", "DeepSeek-V4.1 does not support HiSparse", bool(getattr(cfg, "enable_hisparse", False))),
@@ -49,9 +50,6 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          not on_cpu and bool(getattr(cfg, "enable_encoder_swa_bounded_replay", False))),
         ("--enable-decoder-swa-bounded-replay", "decoder SWA bounded replay is not implemented by sglang-dsv41 yet "
          "(prefill always runs every layer on every row)", bool(getattr(cfg, "enable_decoder_swa_bounded_replay", False))),
-        ("--enable-return-routed-experts", "SGLang's routed-expert capturer registers host memory with CUDA, "
-         "which a CPU-only machine lacks (the model feeds the capturer on CUDA)",
-         on_cpu and bool(getattr(cfg, "enable_return_routed_experts", False))),
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
     ]
