@@ -90,8 +90,16 @@ class Driver:
             s.cached += c
         return out
 
-    def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192) -> tuple[list[list[int]], dict]:
-        """Greedy: chunked prefill of all prompts together, then batched decode. Returns new tokens."""
+    def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192, teacher: list[list[int]] | None = None,
+                 replays: list | None = None, trace: list | None = None) -> tuple[list[list[int]], dict]:
+        """Greedy: chunked prefill of all prompts together, then batched decode. Returns new tokens.
+
+        Cross-device comparison hooks (guides/numerics.md steps 2-3); the step schedule depends only
+        on the prompts, `max_new` and `chunk`, so step i of two runs covers the same rows:
+        `teacher[r]` is fed as request r's new tokens instead of the argmax (teacher forcing); `replays[i]`
+        (runtime.Replay) forces step i's decisions; `trace`, if a list, gets one `StepTrace` per step.
+        """
+        steps = iter(replays or ())
         if len(prompts) > self.max_requests:
             raise ValueError(f"{len(prompts)} prompts exceed max_requests={self.max_requests}")
         seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(prompts)]
@@ -107,7 +115,8 @@ class Driver:
                 counts.append(min(s.prefill_len - s.cached, max(budget, 0)))
                 budget -= counts[-1]
             active, counts = zip(*[(s, c) for s, c in zip(active, counts) if c > 0])
-            out = self.step(list(active), list(counts))
+            out = self.step(list(active), list(counts), replay=next(steps, None))
+            self._trace(trace, active, out)
             for s, row in zip(active, out.logits):
                 if s.cached == s.prefill_len:
                     last[s.req_slot] = row
@@ -117,12 +126,13 @@ class Driver:
         t0 = time.perf_counter()
         for i in range(max_new):
             for s in seqs:
-                tok = int(last[s.req_slot].argmax())
+                tok = int(last[s.req_slot].argmax()) if teacher is None else teacher[s.req_slot][i]
                 new[s.req_slot].append(tok)
                 s.tokens.append(tok)
             if i == max_new - 1:
                 break
-            out = self.step(seqs, [1] * len(seqs))
+            out = self.step(seqs, [1] * len(seqs), replay=next(steps, None))
+            self._trace(trace, seqs, out)
             for s, row in zip(seqs, out.logits):
                 last[s.req_slot] = row
         sync()
@@ -134,6 +144,31 @@ class Driver:
                  "prefill_tok_s": sum(len(p) for p in prompts) / max(t_prefill, 1e-9),
                  "decode_tok_s": len(seqs) * max(max_new - 1, 0) / max(t_decode, 1e-9)}
         return new, stats
+
+
+    @staticmethod
+    def _trace(trace: list | None, seqs, out) -> None:
+        if trace is not None:
+            cpu = lambda d: {k: v.cpu() for k, v in d.items()}  # noqa: E731
+            trace.append(StepTrace([s.req_slot for s in seqs], out.logits.float().cpu(), cpu(out.routed_experts),
+                                   cpu(out.topk), cpu(out.candidates)))
+
+
+@dataclass
+class StepTrace:
+    """One forward of `Driver.generate`, on the CPU: which requests ran, the logits rows they sampled
+    from and the decisions of all the forward's rows (the fields of `runtime.Replay`)."""
+
+    req_slots: list[int]
+    logits: torch.Tensor  # fp32 [len(req_slots), vocab]
+    routed_experts: dict[int, torch.Tensor]
+    topk: dict[int, torch.Tensor]
+    candidates: dict[int, torch.Tensor]
+
+    def replay(self):
+        from sglang_dsv41.runtime.model_runner import Replay
+
+        return Replay(self.routed_experts, self.topk, self.candidates)
 
 
 def main(argv: list[str] | None = None) -> None:
