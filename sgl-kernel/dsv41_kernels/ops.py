@@ -3,9 +3,11 @@
 from dsv41_kernels.attention import sparse_attention_paged
 from dsv41_kernels.cache_store import compressed_kv_store, index_key_store, window_kv_store
 from dsv41_kernels.engram import engram_gate, engram_gather, engram_hash
+from dsv41_kernels.gemm import fp4_linear, fp8_linear
 from dsv41_kernels.indexer import candidate_blocks, index_query_quant, index_scores, topk_select
 
 __all__ = [
-    "candidate_blocks", "compressed_kv_store", "engram_gate", "engram_gather", "engram_hash", "index_key_store",
-    "index_query_quant", "index_scores", "sparse_attention_paged", "topk_select", "window_kv_store",
+    "candidate_blocks", "compressed_kv_store", "engram_gate", "engram_gather", "engram_hash", "fp4_linear",
+    "fp8_linear", "index_key_store", "index_query_quant", "index_scores", "sparse_attention_paged", "topk_select",
+    "window_kv_store",
 ]

@@ -6,6 +6,8 @@
   `scale` UE8M0 [N, K/32]; same MXFP8 activations (W4A8).
 * `BF16Linear`: plain bf16 GEMM (router, compressor ratio 1, indexer wk/weights_proj).
 Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
+The FP8 / MXFP4 GEMMs run through the kernel registry ops `fp8_linear` / `fp4_linear`
+(dsv41_kernels.gemm): the exact torch twins (`sglang_dsv41.quant`) on CPU, Triton on CUDA.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
+# The registry ops themselves (the same objects as dsv41_kernels.ops.fp8_linear / fp4_linear). Not
+# `from dsv41_kernels import ops`: ops imports kernel modules that import layer modules (a cycle).
+from dsv41_kernels import gemm as gemm_ops
+from sglang_dsv41.quant import dequant_fp8_weight
 
 
 ROW_TILE = 64
@@ -51,7 +56,7 @@ class FP8Linear(nn.Module):
         self.scale = _param((-(-out_features // block), -(-in_features // block)), torch.float8_e8m0fnu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.scale, self.block)
+        return gemm_ops.fp8_linear(x, self.weight, self.scale, self.block)
 
     def dequantized(self) -> torch.Tensor:
         """bf16 [N, K] (exact: E4M3 x power of two fits bf16)."""
@@ -66,7 +71,7 @@ class MXFP4Linear(nn.Module):
         self.scale = _param((out_features, in_features // 32), torch.float8_e8m0fnu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp4_linear(x, self.weight, self.scale)
+        return gemm_ops.fp4_linear(x, self.weight, self.scale)
 
 
 class BF16Linear(nn.Module):

@@ -1,0 +1,185 @@
+"""Triton block-scaled GEMMs for Hopper (sm_90): MXFP8 activations x FP8 / MXFP4 weights.
+
+Two kernels per call, the structure of the twins (`sglang_dsv41.quant.blockwise_scaled_mm`):
+1. `_mxfp8_quant_kernel`: x [M, K] -> q e4m3 [M, K] + scales fp32 [K/32, M] (transposed, so that the
+   GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise.
+2. `_scaled_mm_kernel`: per [BM, BN] output tile, for each 32-wide K block kb in K order:
+       p = fp8 dot(q[:, kb], w[:, kb]^T)             fresh fp32 partial (one K=32 tensor-core MMA)
+       acc = fma(p, a_s[m, kb] * w_s[n, kb], acc)     power-of-two scales: p * s is exact, so this
+                                                      equals the twin's (p * a_s) * w_s then add
+                                                      (unless a scale product leaves fp32's normal range)
+   and one bf16 rounding at the end. SUB blocks (<= 4, i.e. BK = 128) are unrolled per iteration.
+   W4A8: packed E2M1 nibbles (low = even element) become E4M3 bytes in registers (every E2M1
+   value is exact in E4M3), then the same fp8 dot.
+No split-K and the same per-element arithmetic in every tile config: an output element depends only
+on its own row of x and column of w (batch invariant). The only difference from the twin is the
+tensor core's 32-term partial, which is not exact (test/kernels/test_gemm_gpu.py states the bound).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41_kernels.gemm import fp4_linear, fp8_linear
+from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
+
+BLOCK = 32  # MX group along K (activations and weights)
+
+
+# ---------------------------------------------------------------------------------- kernels
+@triton.jit
+def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constexpr):
+    """Groups g = kb * M + m (m fastest, so scale stores are contiguous): x [M, K] (row stride x_rs,
+    unit column stride) -> q uint8 [M, K] (e4m3 bytes), s fp32 [KB, M]; G = M * KB groups.
+    Same bytes as quant.fp8.mxfp8_quant."""
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    ok = g < G
+    m, kb = g % M, g // M
+    col = kb[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + m[:, None] * x_rs + col, mask=ok[:, None], other=0.0).to(tl.float32)
+    amax = tl.reduce(tl.abs(x), 1, max_nan, keep_dims=True)
+    amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
+    s = ue8m0_ceil(amax * (1.0 / 448.0))
+    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
+    q = e4m3_byte(x * inv)
+    tl.store(q_ptr + m[:, None] * (KB * 32) + col, q.to(tl.uint8), mask=ok[:, None])
+    tl.store(s_ptr + g, tl.reshape(s, [BLOCK_G]), mask=ok)
+
+
+@triton.jit
+def _e2m1_to_e4m3(c):
+    """E2M1 code (int32, low 4 bits) -> E4M3 byte of the same value: magnitudes 0, .5, 1, 1.5, 2, 3,
+    4, 6 -> 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C; sign bit 8 -> 0x80 (code 8 = -0)."""
+    mag = c & 7
+    byte = tl.where(mag >= 2, (mag + 12) << 2, mag * 0x30)
+    return byte | ((c & 8) << 4)
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, out_ptr, out_rs, M, N, K,
+    FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """q e4m3 [M, K] (contiguous), sa fp32 [K/32, M]; FP8: w e4m3 [N, K] (row stride w_rs), sw uint8
+    [ceil(N/32), >= K/32] (row stride sw_rs); FP4: w uint8 [N, K/2], sw uint8 [N, >= K/32].
+    out bf16 [M, N] (row stride out_rs). K % (32 * SUB) == 0."""
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    group = pid // (GROUP_M * num_n)  # grouped launch order: GROUP_M row tiles share weight tiles in L2
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+    pid_n = (pid % (GROUP_M * num_n)) // size_m
+
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = rm < M, rn < N
+    rk = tl.arange(0, 32)
+    a_row = q_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
+    if FP4:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+        sw_row = sw_ptr + rn.to(tl.int64) * sw_rs
+    else:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + rk[None, :]
+        sw_row = sw_ptr + (rn // 32).to(tl.int64) * sw_rs
+
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kb0 in range(0, K // 32, SUB):
+        for i in tl.static_range(SUB):
+            kb = kb0 + i
+            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
+            if FP4:
+                packed = tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0).to(tl.int32)  # [BN, 16]
+                lo = _e2m1_to_e4m3(packed & 15)
+                hi = _e2m1_to_e4m3(packed >> 4)
+                b = tl.reshape(tl.join(lo, hi), [BN, 32]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+            else:
+                b = tl.load(w_row + kb * 32, mask=n_ok[:, None], other=0.0)  # e4m3 [BN, 32]
+            sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok, other=0.0)
+            sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
+            p = tl.dot(a, tl.trans(b))  # fresh fp32 partial of one 32-wide block
+            acc = tl.fma(p, sa[:, None] * sw[None, :], acc)
+    out = bf16_round(acc).to(tl.bfloat16)  # RNE on the GPU and in the interpreter alike
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_rs + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------- host side
+def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 (any float) [M, K], K % 32 == 0, unit column stride -> (q float8_e4m3fn [M, K],
+    s fp32 [K/32, M]) with q and s.T bitwise equal to `quant.fp8.mxfp8_quant(x)`."""
+    m, k = x.shape
+    assert k % BLOCK == 0 and x.stride(1) == 1, (x.shape, x.stride())
+    q = torch.empty(m, k, dtype=torch.uint8, device=x.device)
+    s = torch.empty(k // BLOCK, m, dtype=torch.float32, device=x.device)
+    groups = m * (k // BLOCK)
+    if groups:
+        bg = 64  # groups per program: a [64, 32] tile
+        _mxfp8_quant_kernel[(triton.cdiv(groups, bg),)](
+            x, x.stride(0), q, s, m, k // BLOCK, groups, BLOCK_G=bg, num_warps=4, **NO_FMA)
+    return q.view(torch.float8_e4m3fn), s
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False) -> tuple[int, int, int, int]:
+    """(BM, BN, num_warps, num_stages) by shape, from the H200 sweep in
+    benchmark/results/2026-11-29-h200-kernels.md (gemm variant rows). BM = 64 with 4 warps everywhere
+    keeps every config on the same warpgroup MMA, so the per-element arithmetic is the same for every M
+    (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
+    if m <= 64:  # decode: weight streaming; narrow N tiles give every SM work (FP4 decodes 2x the bytes)
+        return 64, 32 if fp4 else 16, 4, 4
+    if fp4 and m <= 1024:
+        return 64, 32, 4, 4
+    return 64, 128, 4, 4
+
+
+def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
+    """x [..., K] -> bf16 [..., N]; w / sw as `_scaled_mm_kernel` takes them (w_rs = w's row stride)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.size(0)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    if m and n:
+        q, sa = mxfp8_quant_t(x2)
+        bm, bn, warps, stages = config or pick_config(m, n, k, x.device, fp4)
+        kb = k // BLOCK
+        sub = 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
+        if sw.dtype != torch.uint8:
+            sw = sw.view(torch.uint8)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        _scaled_mm_kernel[grid](
+            q, sa, w, w_rs, sw, sw.stride(0), out, out.stride(0), m, n, k,
+            FP4=fp4, BM=bm, BN=bn, SUB=sub, GROUP_M=8, num_warps=warps, num_stages=stages,
+        )
+    return out.reshape(*lead, n)
+
+
+@fp8_linear.triton_impl
+def fp8_linear_triton(x, w, w_scale, block: int = BLOCK, config: tuple[int, int, int, int] | None = None):
+    """Same contract as `quant.fp8.fp8_linear` (block must be 32). `config` = (BM, BN, warps, stages)
+    overrides `pick_config` (tests and benchmarks)."""
+    n, k = w.shape
+    assert block == BLOCK, f"Triton fp8_linear: 32x32 weight blocks only (got {block}); SGLANG_DSV41_TORCH_OPS=fp8_linear"
+    assert k % BLOCK == 0 and x.shape[-1] == k, (x.shape, w.shape)
+    assert w.dtype == torch.float8_e4m3fn and w.stride(1) == 1
+    assert w_scale.dim() == 2 and w_scale.size(0) == triton.cdiv(n, BLOCK) and w_scale.size(1) >= k // BLOCK
+    assert w_scale.stride(1) == 1 and w_scale.element_size() == 1, (w_scale.shape, w_scale.dtype)
+    return _scaled_mm(x, w, w.stride(0), w_scale, n, k, False, config)
+
+
+@fp4_linear.triton_impl
+def fp4_linear_triton(x, w_packed, w_scale, config: tuple[int, int, int, int] | None = None):
+    """Same contract as `quant.fp4.fp4_linear`; `config` as in `fp8_linear_triton`."""
+    n, k = w_packed.size(0), 2 * w_packed.size(1)
+    assert k % BLOCK == 0 and x.shape[-1] == k, (x.shape, w_packed.shape)
+    assert w_packed.element_size() == 1 and w_packed.stride(1) == 1
+    assert w_scale.dim() == 2 and w_scale.size(0) == n and w_scale.size(1) >= k // BLOCK
+    assert w_scale.stride(1) == 1 and w_scale.element_size() == 1, (w_scale.shape, w_scale.dtype)
+    if w_packed.dtype != torch.uint8:
+        w_packed = w_packed.view(torch.uint8)
+    return _scaled_mm(x, w_packed, w_packed.stride(0), w_scale, n, k, True, config)
+
+
+__all__ = ["fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]

@@ -1,0 +1,131 @@
+"""GPU: the Triton block-scaled GEMMs (fp8_linear W8A8, fp4_linear W4A8) against their exact torch
+twins, the oracle (`sglang_dsv41.quant.fp8_linear` / `fp4_linear`): tolerance kind "fp8_gemm"
+(kernel_compare; bound from kernel_cases.gemm_slack) over M x (N, K) with fresh seeded inputs
+(seed in the test id); bitwise batch invariance across row counts and tile configs; the MXFP8
+activation quant kernel bitwise against `mxfp8_quant`. Skipped without CUDA. Runs as a script."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_cases import build_gemm, case_id, gemm_rows, gemm_slack
+from kernel_compare import assert_match
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton kernels)")
+
+MS = (0, 1, 7, 64, 300)
+NKS = ((100, 64), (100, 512), (1280, 512), (544, 5120), (2304, 5120))  # N ragged (100) and 32-aligned
+# every tile config pick_config can choose, plus a few more: (BM, BN, num_warps, num_stages)
+CONFIGS = [(64, 16, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3), (64, 128, 8, 3),
+           (128, 64, 4, 3), (64, 256, 8, 3)]
+
+
+def _params():
+    out = []
+    for op in ("fp8_linear", "fp4_linear"):
+        for i, (n, k) in enumerate(NKS):
+            for m in MS:
+                p = dict(m=m, n=n, k=k, special=m >= 5, inf=m >= 6)
+                if op == "fp4_linear" and i % 2:
+                    p["int8"] = True  # MXFP4Linear stores the packed weight as int8
+                if m == 7:
+                    p["lead"] = True  # x [1, 7, K]
+                seed = 100 * i + m
+                out.append(pytest.param(op, p, seed, id=case_id(op, p, seed)))
+    return out
+
+
+def _ops():
+    from dsv41_kernels import ops
+
+    return ops
+
+
+@pytest.mark.parametrize("op, params, seed", _params())
+def test_gemm_matches_twin(op, params, seed):
+    impl = getattr(_ops(), op)
+    case = build_gemm(op, params, seed, "cuda")
+    got = impl.triton(*case["args"])  # kernel first (no reuse of freshly freed reference buffers)
+    torch.cuda.synchronize()
+    want = impl.torch(*case["args"])
+    assert_match(got, want, "fp8_gemm", what=op, bound=case["bound"])
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+def test_batch_invariance(op):
+    """Rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in an M=17 call."""
+    impl = getattr(_ops(), op)
+    case = build_gemm(op, dict(m=300, n=2304, k=5120, special=True), 5, "cuda")
+    x, w, ws = case["args"]
+    full = impl.triton(x, w, ws).view(torch.int16)
+    for i in (0, 1, 3, 150, 299):
+        assert torch.equal(impl.triton(x[i : i + 1], w, ws).view(torch.int16), full[i : i + 1]), f"row {i} alone"
+    for s in (0, 17, 283):
+        assert torch.equal(impl.triton(x[s : s + 17], w, ws).view(torch.int16), full[s : s + 17]), f"rows {s}..{s + 16}"
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+def test_tile_configs_bitwise_equal(op):
+    """Every tile config gives the same bits (the per-element arithmetic does not depend on the tile)."""
+    impl = getattr(_ops(), op)
+    case = build_gemm(op, dict(m=300, n=1000, k=512, special=True), 6, "cuda")
+    ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
+    for cfg in CONFIGS[1:]:
+        got = impl.triton(*case["args"], config=cfg).view(torch.int16)
+        assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
+
+
+def test_non_contiguous_input():
+    ops = _ops()
+    case = build_gemm("fp8_linear", dict(m=64, n=100, k=512), 8, "cuda")
+    x, w, ws = case["args"]
+    wide = torch.cat([x, torch.full_like(x[:, :64], float("nan"))], 1)[:, :512]  # row stride 576, NaN past K
+    got, want = ops.fp8_linear.triton(wide, w, ws), ops.fp8_linear.triton(x, w, ws)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_mxfp8_quant_kernel_bitwise():
+    from dsv41_kernels.gemm_triton import mxfp8_quant_t
+    from sglang_dsv41.quant import mxfp8_quant
+
+    g = torch.Generator().manual_seed(3)
+    for m, k in ((1, 32), (7, 96), (300, 5120), (4099, 64)):
+        x = gemm_rows(m, k, g, special=m >= 6, inf=m >= 6).cuda()
+        q, s = mxfp8_quant_t(x)
+        wq, ws = mxfp8_quant(x)
+        assert_match(q.view(torch.uint8), wq.view(torch.uint8), "bitwise", what=f"q m={m} k={k}")
+        assert_match(s.t(), ws, "bitwise", what=f"scale m={m} k={k}")  # NaN payloads may differ
+
+
+def test_mma_error_within_slack(capsys):
+    """Stress the tensor core's 32-term partials (products spread over six decades in one block) and
+    report how much of gemm_slack's 2^-8 budget the worst element uses, against the twin's exact fp32
+    accumulator (before its bf16 rounding; the kernel's own rounding is half an ulp, 2^-8 |acc|)."""
+    from sglang_dsv41.quant import blockwise_scaled_mm, dequant_fp8_weight, e8m0_to_fp32, mxfp8_quant
+
+    ops = _ops()
+    g = torch.Generator().manual_seed(11)
+    k, n = 5120, 512
+    x = (torch.randn(64, k, generator=g) * torch.pow(10.0, torch.rand(64, k, generator=g) * 6 - 3)).bfloat16().cuda()
+    _, w, ws = build_gemm("fp8_linear", dict(m=1, n=n, k=k), 12, "cuda")["args"]
+    got = ops.fp8_linear.triton(x, w, ws).double()
+    q, s = mxfp8_quant(x)
+    acc = blockwise_scaled_mm(q.float(), s, w.float(), e8m0_to_fp32(ws).repeat_interleave(32, 0)[:n]).double()
+    budget = gemm_slack(x, dequant_fp8_weight(w, ws))
+    used = (((got - acc).abs() - 2.0**-8 * acc.abs()).clamp_min(0) / budget).max().item()
+    with capsys.disabled():
+        print(f"\n[fp8 MMA] worst element uses {100 * used:.2f}% of the 2^-8 x sum|x w| slack")
+    assert used <= 1.0
+
+
+def test_dispatch_by_name(monkeypatch):
+    ops = _ops()
+    x = torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16)
+    assert ops.fp8_linear.uses_triton((x,)) and ops.fp4_linear.uses_triton((x,))
+    monkeypatch.setenv("SGLANG_DSV41_TORCH_OPS", "fp8_linear")
+    assert not ops.fp8_linear.uses_triton((x,)) and ops.fp4_linear.uses_triton((x,))
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
