@@ -8,9 +8,11 @@ counted by hand (each input read once, each output written once), achieved TB/s 
 fraction of the ceilings measured in the same run (device-to-device copy: bytes read + written;
 8192^3 bf16 matmul on random data), and the torch twin's time. Engram gather also runs SGLang
 0.5.23's own Triton gather (its module file only, loaded from .whl/sglang_0_5_23_engram_gather.py)
-on the same inputs. Shapes: hidden 5120, 64 x 512 heads, indexer 32 x 128, window 128, top-512,
-contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 positions), decode batches 1/16/64/256,
-prefill chunk 8K.
+on the same inputs. The GEMMs (fp8_linear / fp4_linear, activation quant included) are compared
+with a plain bf16 F.linear of the same shape. Shapes: hidden 5120, 64 x 512 heads, indexer 32 x 128,
+window 128, top-512, contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 positions), decode
+batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, shared expert at
+M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096.
 """
 
 from __future__ import annotations
@@ -103,7 +105,36 @@ def rope(n):
 
 
 # ---------------------------------------------------------------------------------------- cases
+# (rows, num_warps) launches timed per store kernel at n = 8192 (seg: the kernel's default for the pair)
+STORE_SWEEP = {
+    "window": ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (4, 4), (8, 4), (16, 4)),
+    "compressed": ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (4, 4), (8, 4), (16, 4)),
+    "index key": ((2, 1), (4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (16, 2), (8, 4), (16, 4)),
+    "query quant": ((4, 1), (8, 1), (16, 1), (32, 1), (8, 2), (16, 2), (32, 2), (16, 4), (32, 4)),
+}
+STORE_SEGS = {"window": (64, 256, 512), "compressed": (64, 256, 512), "index key": (128,), "query quant": (32, 128)}
+
+
+def store_mismatch(fn, args, want, pool_arg=None, slots=None) -> int:
+    """Rows (pool rows at `slots`, or output rows) whose bytes differ from the twin's `want`."""
+    a = list(args)
+    if pool_arg is None:
+        got = fn(*a)
+        g, w = got.view(torch.int16).flatten(0, -2), want.view(torch.int16).flatten(0, -2)
+        gn, wn = got.isnan().flatten(0, -2), want.isnan().flatten(0, -2)
+        return int(((gn != wn) | (~gn & (g != w))).any(-1).sum())
+    a[pool_arg] = torch.zeros_like(a[pool_arg])
+    fn(*a)
+    return int((a[pool_arg][slots] != want).any(-1).sum())
+
+
 def case_stores():
+    """Cache stores and index_query_quant at prefill n = 8192 and decode n = 64. At n = 8192 also the
+    (rows, warps) sweep, segment lengths, and the portable encoders (no hardware conversions / PTX), each
+    checked against the twin (note: rows that differ). index_query_quant is timed twice: the registered
+    op (indexer_triton.py) and cache_store_triton.index_query_quant_triton."""
+    from dsv41_kernels import cache_store_triton as cst
+
     R = 8  # input sets rotated per graph replay (8 x 15 MB > L2 at n = 8192)
     for n in (8192, 64):
         wgt = torch.rand(D, device=DEV).bfloat16()
@@ -112,23 +143,49 @@ def case_stores():
         ipool = torch.zeros(R * 8192, DI // 2 + DI // 32, dtype=torch.uint8, device=DEV)
         perm = torch.randperm(R * 8192, device=DEV)
         ins = [(torch.randn(n, D, device=DEV).bfloat16(), *rope(n), perm[i * n:(i + 1) * n]) for i in range(R)]
-        io = n * (2 * D + 2 * 4 * 32 + 8 + D + D // 32)
-        sets = [(kv, wgt, 1e-20, c, s_, sl, pool) for kv, c, s_, sl in ins]
-        timed("window_kv_store", f"n={n}", ops.window_kv_store, sets[0], io, 0, sets=sets)
-        if n == 8192:
-            for nw in (1, 2, 8):
-                tv = bench_graph([lambda a=a: ops.window_kv_store.triton(*a, num_warps=nw) for a in sets])
-                record("  window variant", f"warps={nw}", tv, io, 0)
-        io = n * (2 * D + 2 * 4 * 32 + 8 + D // 2 + D // 16)
-        sets = [(kv, c, s_, sl, cpool) for kv, c, s_, sl in ins]
-        timed("compressed_kv_store", f"n={n}", ops.compressed_kv_store, sets[0], io, 0, sets=sets)
-        io = n * (2 * DI + 2 * 4 * 32 + 8 + DI // 2 + DI // 32)
-        sets = [(kv[:, :DI].contiguous(), c, s_, sl, ipool) for kv, c, s_, sl in ins]
-        timed("index_key_store", f"n={n}", ops.index_key_store, sets[0], io, 0, sets=sets)
-        io = n * (HI * DI * 2 * 2 + 2 * 4 * 32)
-        sets = [(torch.randn(n, HI, DI, device=DEV).bfloat16(), c, s_) for _, c, s_, _ in ins]
-        timed("index_query_quant", f"t={n} x {HI}x{DI}", ops.index_query_quant, sets[0], io, 0, sets=sets)
-        del pool, cpool, ipool, ins, sets
+        slots = ins[0][3]
+        qs = [torch.randn(n, HI, DI, device=DEV).bfloat16() for _ in range(R)]
+        cases = [  # name, op, kernel, argument sets, pool argument, bytes moved
+            ("window", ops.window_kv_store, ops.window_kv_store.triton,
+             [(kv, wgt, 1e-20, c, s_, sl, pool) for kv, c, s_, sl in ins], 6, n * (2 * D + 2 * 4 * 32 + 8 + D + D // 32)),
+            ("compressed", ops.compressed_kv_store, ops.compressed_kv_store.triton,
+             [(kv, c, s_, sl, cpool) for kv, c, s_, sl in ins], 4, n * (2 * D + 2 * 4 * 32 + 8 + D // 2 + D // 16)),
+            ("index key", ops.index_key_store, ops.index_key_store.triton,
+             [(kv[:, :DI].contiguous(), c, s_, sl, ipool) for kv, c, s_, sl in ins], 4,
+             n * (2 * DI + 2 * 4 * 32 + 8 + DI // 2 + DI // 32)),
+            ("query quant", ops.index_query_quant, cst.index_query_quant_triton,
+             [(q, c, s_) for q, (_, c, s_, _) in zip(qs, ins)], None, n * (HI * DI * 2 * 2 + 2 * 4 * 32)),
+        ]
+        for name, op, fn, sets, pa, io in cases:
+            shape = f"n={n}" if pa is not None else f"t={n} x {HI}x{DI}"
+            if pa is not None:
+                a = list(sets[0])
+                a[pa] = torch.zeros_like(a[pa])
+                op.torch(*a)
+                want = a[pa][slots]
+            else:
+                want = op.torch(*sets[0])
+            bad = store_mismatch(fn, sets[0], want, pa, slots)
+            t = bench_graph([lambda a=a: fn(*a) for a in sets])
+            tt = bench(lambda: op.torch(*sets[0]), rep=20)
+            record(op.name if pa is not None else "index_query_quant (new)", shape, t, io, 0, tt,
+                   note=f"{bad} rows differ from the twin")
+            if pa is None:
+                told = bench_graph([lambda a=a: op.triton(*a) for a in sets])
+                record("  registered (indexer_triton)", shape, told, io, 0, note=f"new is {told / t:.2f}x faster")
+            if n != 8192:
+                continue
+            variants = [dict(rows=r, num_warps=w) for r, w in STORE_SWEEP[name]]
+            variants += [dict(seg=sg) for sg in STORE_SEGS[name]] + [dict(portable=True)]
+            for kw in variants:
+                try:
+                    tv = bench_graph([lambda a=a: fn(*a, **kw) for a in sets])
+                    bad = store_mismatch(lambda *a: fn(*a, **kw), sets[0], want, pa, slots)
+                    label = " ".join(f"{k}={v}" for k, v in kw.items())
+                    record(f"  {name} variant", label, tv, io, 0, note=f"{t / tv:.2f}x the default's speed; {bad} rows differ")
+                except Exception as e:  # noqa: BLE001 - keep the other variants
+                    print(f"  {name} variant {kw} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del pool, cpool, ipool, ins, qs, cases
 
 
 def index_inputs(t, n):
@@ -139,25 +196,75 @@ def index_inputs(t, n):
     return q, w, pool, table
 
 
+def differ(got, want) -> int:
+    """Elements whose bits differ (NaN positions compared, payloads not)."""
+    gn, wn = got.isnan(), want.isnan()
+    return int(((gn != wn) | (~gn & (got.view(torch.int32) != want.view(torch.int32)))).sum())
+
+
+def paged_table(t, n, rows, page=128):
+    """Slot table as the runtime lays keys out: each row's positions in its own pages of `page`
+    consecutive pool slots (256 / ratio per page), the pages drawn at random from a pool of `rows`."""
+    pages = torch.randperm(rows // page, device=DEV)[: t * -(-n // page)].view(t, -1)
+    return (pages[:, :, None] * page + torch.arange(page, device=DEV)).view(t, -1)[:, :n].contiguous()
+
+
 def case_indexer():
+    # index_scores: fp8 kernel (default) vs the previous bf16 kernel; at t=64 / 64K also a paged slot table
+    # (the serving layout: 68 B rows back to back; the random table reads 3 x 32 B sectors per 68 B row),
+    # an int32 table, and a launch sweep (block_n, warps, stages, block_n-steps per program, register cap)
     for t, n in ((64, 65536), (64, 16384), (64, 2048), (1, 65536)):
         q, w, pool, table = index_inputs(t, n)
         nbytes = t * n * (68 + 8 + 4) + t * HI * (DI + 1) * 2
         flops = 2 * t * n * HI * DI
-        note = f"MMA floor {flops / PEAK_FLOPS * 1e6:.1f} us, HBM floor {nbytes / PEAK_BW * 1e6:.1f} us"
-        timed("index_scores", f"t={t} visible={n}", ops.index_scores, (q, w, pool, table), nbytes, flops,
-              twin=t * n <= 64 * 16384, note=note)
+        note = (f"MMA floor {flops / PEAK_FLOPS * 1e6:.1f} us, HBM floor {nbytes / PEAK_BW * 1e6:.1f} us "
+                f"({(nbytes + t * n * 28) / PEAK_BW * 1e6:.1f} us in 32 B sectors of random slots)")
+        ref = ops.index_scores.torch(q, w, pool, table)
+        note += f"; {differ(ops.index_scores.triton(q, w, pool, table), ref)} of {t * n} differ from the twin"
+        t8 = timed("index_scores", f"t={t} visible={n}", ops.index_scores, (q, w, pool, table), nbytes, flops,
+                   twin=t * n <= 64 * 16384, note=note)
+        tb = bench_graph([lambda: ops.index_scores.triton(q, w, pool, table, variant="bf16", block_n=64)])
+        record("  scores bf16 (previous)", f"t={t} visible={n} block_n=64", tb, nbytes, flops, note=f"fp8 {tb / t8:.1f}x faster; "
+               f"{differ(ops.index_scores.triton(q, w, pool, table, variant='bf16', block_n=64), ref)} differ from the twin")
         if t == 64 and n == 65536:
-            for bn, nw in ((64, 4), (64, 8), (32, 4)):
+            paged = paged_table(t, n, pool.size(0))
+            ref = ops.index_scores.torch(q, w, pool, paged)
+            tp = bench_graph([lambda: ops.index_scores.triton(q, w, pool, paged)])
+            record("  scores fp8 paged table", f"t={t} visible={n}", tp, nbytes, flops,
+                   note=f"{differ(ops.index_scores.triton(q, w, pool, paged), ref)} differ from the twin")
+            p32 = paged.int()
+            tp = bench_graph([lambda: ops.index_scores.triton(q, w, pool, p32)])
+            record("  scores fp8 paged int32", f"t={t} visible={n}", tp, nbytes - t * n * 4, flops,
+                   note=f"{differ(ops.index_scores.triton(q, w, pool, p32), ref)} differ from the twin")
+            for kw in (dict(num_stages=2), dict(num_stages=4), dict(block_n=64), dict(num_warps=8), dict(block_n=256, num_warps=8),
+                       dict(tiles=16), dict(tiles=32), dict(tiles=64, maxnreg=128), dict(num_stages=2, maxnreg=128),
+                       dict(asm_epilogue=False)):
                 try:
-                    tv = bench_graph([lambda: ops.index_scores.triton(q, w, pool, table, block_n=bn, num_warps=nw)])
-                    record("  scores variant", f"block_n={bn} warps={nw}", tv, nbytes, flops)
+                    tv = bench_graph([lambda: ops.index_scores.triton(q, w, pool, paged, **kw)])
+                    out = ops.index_scores.triton(q, w, pool, paged, **kw)
+                    record("  scores variant", "paged " + " ".join(f"{k}={v}" for k, v in kw.items()), tv, nbytes, flops,
+                           note=f"{differ(out, ref)} differ from the twin")
                 except Exception as e:  # noqa: BLE001
                     print("  variant failed:", type(e).__name__, str(e)[:200])
+            del paged, p32, ref
         del pool, table
+    # topk_select: default, then both variants at every shape (split: 3 launches over row chunks;
+    # cta: one program per row, the previous kernel); at 64 x 64K also the split kernel's other paths
     for t, n in ((64, 65536), (1, 65536), (64, 16384), (8192, 4096)):
         s = torch.randn(t, n, device=DEV).bfloat16().float()
-        timed("topk_select", f"t={t} n={n} k=512", ops.topk_select, (s, TOPK), t * n * 4 + t * TOPK * 4, 0)
+        io = t * n * 4 + t * TOPK * 4
+        timed("topk_select", f"t={t} n={n} k=512", ops.topk_select, (s, TOPK), io, 0)
+        sets = [("", s)]
+        if t == 64 and n == 65536:
+            outlier = s.clone()
+            outlier[:, 7] = 3e38  # k-th largest ~127 binades below the maximum: the row fallback
+            sets += [(" ties", (s * 4).round() / 4), (" fp32", torch.randn(t, n, device=DEV)), (" outlier", outlier)]
+        for what, x in sets:
+            want = ops.topk_select.torch(x, TOPK)
+            for var in ("split", "cta"):
+                tv = bench_graph([lambda: ops.topk_select.triton(x, TOPK, variant=var)])
+                record(f"  topk {var}{what}", f"t={t} n={n} k=512", tv, io, 0,
+                       note=f"{differ(ops.topk_select.triton(x, TOPK, variant=var), want)} differ from the twin")
     for t, n in ((64, 131072), (1, 131072), (64, 32768)):
         s = torch.randn(t, n, device=DEV).bfloat16().float()
         vis = torch.full((t,), n, device=DEV)
@@ -251,6 +358,57 @@ def case_engram():
           8192 * (32 + 8 + 2 * 24 * 8), 0)
 
 
+def gemm_weights(kind: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random checkpoint-like weights: fp8 e4m3 [N, K] + e8m0 [N/32, K/32], or MXFP4 int8 [N, K/2] + [N, K/32]."""
+    if kind == "fp8":
+        w = (torch.randn(n, k, device=DEV) * 4).to(torch.float8_e4m3fn)
+        s = torch.randint(118, 124, (-(-n // 32), k // 32), dtype=torch.uint8, device=DEV)
+    else:
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV).view(torch.int8)
+        s = torch.randint(118, 124, (n, k // 32), dtype=torch.uint8, device=DEV)
+    return w, s.view(torch.float8_e8m0fnu)
+
+
+GEMM_VARIANTS = ((64, 16, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 8, 4),
+                 (64, 256, 8, 3))  # (BM, BN, num_warps, num_stages) tried on the w1 shapes
+
+
+def case_gemm():
+    """fp8_linear (dense W8A8) and fp4_linear (routed-expert W4A8) at V4.1-Flash shapes, each against a
+    plain bf16 F.linear of the same shape. Decode sizes rotate enough weight copies to exceed L2."""
+    fp8_shapes = {"wq_a": (1280, HID), "wkv": (D, HID), "wq_b": (H * D, 1280), "wo_b": (HID, 8 * 1024),
+                  "shared w1": (2304, HID), "shared w2": (HID, 2304)}
+    fp4_shapes = {"expert w1": (2304, HID), "expert w2": (HID, 2304)}
+    cases = [("fp8", name, nk, m) for name, nk in fp8_shapes.items() for m in (8, 64, 8192)]
+    cases += [("fp4", name, nk, m) for name, nk in fp4_shapes.items() for m in (8, 512, 4096)]
+    for kind, name, (n, k), m in cases:
+        op = ops.fp8_linear if kind == "fp8" else ops.fp4_linear
+        wbytes = (n * k if kind == "fp8" else n * k // 2) + n * k // 32
+        r = 1 if m > 512 else max(1, min(16, -(-(160 << 20) // wbytes)))  # decode: working set > L2
+        sets = []
+        for _ in range(r):
+            w, s = gemm_weights(kind, n, k)
+            sets.append((torch.randn(m, k, device=DEV).bfloat16(), w, s))
+        flops = 2 * m * n * k
+        nbytes = m * k * (2 + 1 + 1) + m * k // 32 * 8 + wbytes + m * n * 2  # x, q (write + read), scales, w, out
+        shape = f"{name} M={m} N={n} K={k}"
+        xb = [torch.randn(m, k, device=DEV).bfloat16() for _ in range(r)]
+        wb = [torch.randn(n, k, device=DEV).bfloat16() for _ in range(r)]
+        tb = bench_graph([lambda a=a, b=b: torch.nn.functional.linear(a, b) for a, b in zip(xb, wb)])
+        del xb, wb
+        note = f"bf16 F.linear {tb * 1e6:.1f} us ({flops / tb / 1e12:.0f} TF/s)"
+        t = timed(f"{kind}_linear", shape, op, sets[0], nbytes, flops, twin=m <= 64, sets=sets, note=note)
+        ROWS[-1]["note"] = f"{note}; ours at {tb / t:.2f}x its speed"
+        if name in ("shared w1", "expert w1"):
+            for cfg in GEMM_VARIANTS:
+                try:
+                    tv = bench_graph([lambda a=a, c=cfg: op.triton(*a, config=c) for a in sets])
+                    record("  gemm variant", f"{kind} M={m} BM,BN,warps,stages={cfg}", tv, nbytes, flops)
+                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                    print("  variant", cfg, "failed:", type(e).__name__, str(e)[:200])
+        del sets
+
+
 def write_md(path: str, bw: float, fl: float, header: str) -> None:
     lines = [header, "", f"Ceilings measured in this run: HBM copy {bw / 1e12:.2f} TB/s (read + write), "
              f"bf16 matmul {fl / 1e12:.0f} TFLOP/s.", "",
@@ -268,7 +426,7 @@ def main() -> None:
     global PEAK_BW, PEAK_FLOPS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
-    ap.add_argument("--only", default="stores,indexer,attention,engram")
+    ap.add_argument("--only", default="stores,indexer,attention,engram,gemm")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     header = f"Device: {props.name}, {props.total_memory >> 20} MiB, {props.multi_processor_count} SMs; torch {torch.__version__}"
@@ -281,7 +439,8 @@ def main() -> None:
     for part in a.only.split(","):
         t0 = time.time()
         try:
-            {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram}[part]()
+            {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
+             "gemm": case_gemm}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
 

@@ -228,5 +228,180 @@ def mxfp8_group(x0, x1):
     return e4m3_byte(x0 * inv), e4m3_byte(x1 * inv), s
 
 
+# ---------------------------------------------------------------------------------- fast paths
+# Per-element encoders of the bandwidth-bound stores (cache_store_triton.py). FAST (a constexpr,
+# `not INTERPRET`) selects the hardware conversions, which the interpreter does not reproduce:
+# fp32 -> bf16 is cvt.rn.bf16x2.f32 (RNE, overflow to inf) and fp32 -> e4m3 is
+# cvt.rn.satfinite.e4m3x2.f32 (RNE, |x| > 448 -> +-448, -0 kept). NOTE: the e4m3 path maps NaN to
+# 0x7F only because the value comes out of an fp32 multiply or divide, whose NaN result is the
+# canonical +NaN on NVIDIA GPUs (no payload, sign clear), which the conversion encodes as 0x7F.
+@triton.jit
+def bf16_rne(x, FAST: tl.constexpr):
+    """fp32 -> fp32 holding RNE(bf16(x)) (same values as `bf16_round`; NaN payloads may differ).
+    FAST: one packed cvt per two elements (a plain .to(bf16) compiles to one slow F2F each)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
+            "=f,=f,f,f", [x], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return bf16_round(x)
+
+
+@triton.jit
+def e4m3_rne(v, FAST: tl.constexpr):
+    """fp32 product or quotient -> float8_e4m3fn byte as uint8 (quant.fp8.e4m3_satfinite; see NOTE)."""
+    if FAST:
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        return e4m3_byte(v).to(tl.uint8)
+
+
+@triton.jit
+def e4m3_decode(b, FAST: tl.constexpr):
+    """float8_e4m3fn byte (uint8) -> fp32 exactly, 0x7F / 0xFF -> NaN."""
+    if FAST:
+        return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return e4m3_value(b)
+
+
+@triton.jit
+def pow2_ceil(x):
+    """x > 0 (fp32; inf and NaN allowed) -> (s = ue8m0_ceil(x), 1 / s exactly (0 for inf, NaN for NaN),
+    UE8M0 byte of s as int32 (exponent_byte(s))), from the bits; valid while s <= 2**126."""
+    sb = (x.to(tl.int32, bitcast=True) + 0x7FFFFF) & 0x7F800000
+    nan = x != x
+    s = tl.where(nan, x, sb.to(tl.float32, bitcast=True))
+    inv = tl.where(sb < 0x7F800000, (0x7F000000 - sb).to(tl.float32, bitcast=True), 0.0)
+    return s, tl.where(nan, x, inv), tl.where(nan, 255, sb >> 23)
+
+
+@triton.jit
+def e2m1_rne(a):
+    """a = |v| in [0, 6] (fp32) -> (E2M1 magnitude code int32 0..7, its value fp32), RNE between codes
+    (quant.fp4.e2m1_codes). One add rounds a onto the grid of its binade: c = 2**(max(e, 0) + 22)
+    has ulp 2**(max(e, 0) - 1), the E2M1 step there; the code is the step count plus 2 max(e, 0).
+    NaN a gives a garbage code and a NaN value."""
+    e = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+    cb = e + (22 << 23)
+    c = cb.to(tl.float32, bitcast=True)
+    s = a + c
+    return s.to(tl.int32, bitcast=True) - cb + ((e >> 22) - 254), s - c
+
+
+@triton.jit
+def snap12(a):
+    """Round fp32 a (>= 0) to 12 significant bits. Used on x * RN(1/s) for the E2M1 code of RN(x / s)
+    with x bf16 and s e4m3: x / s is either exactly on an E2M1 rounding threshold or at least 2**-9
+    (relative) away from it, so snapping the one-rounding-off product restores exact ties and keeps
+    every other value on its side (checked exhaustively over bf16 x and e4m3 s)."""
+    return ((a.to(tl.int32, bitcast=True) + 0x400) & -2048).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pair_amax(x0, x1):
+    """NaN-propagating max |x| over axes 2 and 3 of both halves [R, G, C, P] -> [R, G, 1, 1]."""
+    a = max_nan(tl.abs(x0), tl.abs(x1))
+    return tl.reduce(tl.reduce(a, 3, max_nan, keep_dims=True), 2, max_nan, keep_dims=True)
+
+
+# ---------------------------------------------------------------------------------- packed E2M1 (GPU)
+# Two elements per f16x2 register: after a scale, |v| is rounded once to f16 (cvt.rn.f16x2.f32, exact
+# for the power-of-two scales; for an e4m3 scale it is the 11-bit snap of `snap12`), clamped to
+# [0, 6], and one f16x2 add of c = 2**(max(e, 0) + 9) rounds it onto the E2M1 grid (the f16 ulp of
+# c is the E2M1 step, like `e2m1_rne` in fp32). s - c is the rounded magnitude; the integer
+# difference of the bits is the step count k, and the code is k + 2 max(e, 0) = k + (e16 >> 9) - 30
+# per 16-bit half. A byte of two codes is lo + 16 hi, folded from the halves as n + (n >> 12), less
+# 510 = 30 + 16 * 30 when the -30 is left out of both halves; a sign adds 8 to its half.
+# The algorithms are checked against the twins by an exact CPU emulation (all bf16 x and e4m3
+# scales for the compressed KV; all bf16 x and random groups for the indexer); the interpreter runs
+# the fp32 formulation of the same steps instead.
+_E2M1_F16 = """
+    mov.b32 k6, 0x46004600;
+    mov.b32 k1, 0x3C003C00;
+"""
+_E2M1_GRID = """
+    max.f16x2 e, h, k1;
+    and.b32 e, e, 0x7C007C00;
+    add.u32 c, e, 0x24002400;
+    add.rn.f16x2 s, h, c;
+"""
+_KV_BYTE = tl.constexpr("{ .reg .f32 a0, a1; .reg .b32 h, e, c, s, t, k6, k1;" + _E2M1_F16 + """
+    mul.f32 a0, $1, $3;
+    mul.f32 a1, $2, $3;
+    cvt.rn.f16x2.f32 h, a1, a0;      // h.lo = even element, h.hi = odd (the 11-bit snap)
+    and.b32 t, h, 0x80008000;         // signs (x / s has the sign of x; -0 kept)
+    and.b32 h, h, 0x7FFF7FFF;
+    min.f16x2 h, h, k6;               // clamp to 6; NaN -> 6 (NaN groups are zeroed by the caller)""" + _E2M1_GRID + """
+    sub.u32 s, s, c;                  // steps k per half
+    shr.u32 e, e, 9;
+    add.u32 s, s, e;                  // code + 30 per half
+    shr.u32 t, t, 12;
+    add.u32 s, s, t;                  // + 8 where negative
+    shr.u32 t, s, 12;
+    add.u32 s, s, t;
+    sub.u32 $0, s, 510; }""")
+_INDEX_STAGES = _E2M1_F16 + """
+    abs.f32 a0, $1;
+    abs.f32 a1, $2;
+    mul.f32 a0, a0, $3;
+    mul.f32 a1, a1, $3;
+    cvt.rn.f16x2.f32 h, a1, a0;      // exact (power-of-two scale) in the f16 range; below it < 0.25
+    min.NaN.f16x2 h, h, k6;           // stage 1 clamp, NaN kept (non-finite groups)""" + _E2M1_GRID + """
+    sub.rn.f16x2 h, s, c;             // stage-1 magnitude (exact)
+    mul.rn.f16x2 h, h, $4;            // times s1 / scale: stage-2 value, <= 6 (no clamp)""" + _E2M1_GRID + """
+    mov.b32 t, $1;
+    mov.b32 n, $2;
+    prmt.b32 t, t, n, 0x7030;         // bit 15 = sign of x0, bit 31 = sign of x1
+"""
+_INDEX_BYTE = tl.constexpr("{ .reg .f32 a0, a1; .reg .b32 h, e, c, s, t, n, k6, k1;" + _INDEX_STAGES + """
+    sub.u32 n, s, c;
+    shr.u32 e, e, 9;
+    add.u32 n, n, e;                  // code + 30 per half
+    add.u32 s, n, 0x7FE17FE1;         // bit 15 / 31 set where the code is not 0 (-0 stored as +0)
+    and.b32 t, t, s;
+    and.b32 t, t, 0x80008000;
+    shr.u32 t, t, 12;
+    add.u32 n, n, t;
+    shr.u32 t, n, 12;
+    add.u32 n, n, t;
+    sub.u32 $0, n, 510; }""")
+_INDEX_QDQ = tl.constexpr("{ .reg .f32 a0, a1; .reg .b32 h, e, c, s, t, n, k6, k1; .reg .b16 lo, hi;" + _INDEX_STAGES + """
+    sub.rn.f16x2 h, s, c;             // stage-2 magnitude
+    add.u32 n, h, 0x7FFF7FFF;         // bit 15 / 31 set where it is not 0 (-0 comes out +0)
+    and.b32 t, t, n;
+    and.b32 t, t, 0x80008000;
+    or.b32 h, h, t;
+    mov.b32 {lo, hi}, h;
+    cvt.f32.f16 a0, lo;
+    cvt.f32.f16 a1, hi;
+    mul.f32 a0, a0, $5;
+    mul.f32 a1, a1, $5;
+    cvt.rn.bf16x2.f32 $0, a1, a0; }""")
+
+
+@triton.jit
+def kv_fp4_byte_f16x2(x0, x1, rcp):
+    """Compressed-KV byte (code(x0) | code(x1) << 4, int32) of clamp(RN(x / s), -6, 6) given rcp ~ 1 / s
+    (relative error < 2**-14), s an e4m3 scale; NaN elements give code 7 (the caller zeroes NaN groups)."""
+    return tl.inline_asm_elementwise(_KV_BYTE, "=r,f,f,f", [x0, x1, rcp], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def index_fp4_byte_f16x2(x0, x1, inv1, m2):
+    """Indexer key byte (int32) of the two FP4 stages: stage-1 magnitudes of |x| * inv1 on the E2M1 grid,
+    times m2 = s1 / scale (f16x2 bits, both halves), rounded again; sign of x where the code is not 0.
+    Non-finite groups give garbage (the caller zeroes them)."""
+    return tl.inline_asm_elementwise(_INDEX_BYTE, "=r,f,f,f,r", [x0, x1, inv1, m2], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def index_fp4_qdq_f16x2(x0, x1, inv1, m2, sq):
+    """Indexer query round trip of a pair -> bf16x2 bits (int32): the signed stage-2 value times sq
+    (the scale, NaN for non-finite groups); -0 comes out as +0 like the twin's unpack."""
+    return tl.inline_asm_elementwise(_INDEX_QDQ, "=r,f,f,f,r,f", [x0, x1, inv1, m2, sq], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))

@@ -28,7 +28,7 @@ def main() -> int:
         cid = case_id(op, params, seed)
         try:
             case = build(op, params, seed, "cpu")
-            assert_match(run(op, impl.triton, case), run(op, impl.torch, case), KIND[op], what=op)
+            assert_match(run(op, impl.triton, case), run(op, impl.torch, case), KIND[op], what=op, bound=case.get("bound"))
             print(f"PASS {cid}", flush=True)
         except Exception as e:  # noqa: BLE001 - report every case
             bad += 1
