@@ -18,8 +18,8 @@ if [[ $PARTS == *trace* ]]; then
     --out "$OUT/small_trace_h200.pt" --ops-check 2>&1 | tee -a "$log"
 fi
 if [[ $PARTS == *driver* ]]; then
-  timeout 90 python3 benchmark/driver_bench.py --preset small --prompts 8 --prompt-len 8192 --decode 32 --results-dir "$OUT" 2>&1 | tail -3 | tee -a "$log"
-  timeout ${BENCH_S:-300} python3 benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 --results-dir "$OUT" 2>&1 | tail -8 | tee -a "$log"
+  timeout 90 python3 benchmark/driver_bench.py --preset small --prompts 8 --prompt-len 8192 --decode 32 --warmup --results-dir "$OUT" 2>&1 | tail -3 | tee -a "$log"
+  timeout ${BENCH_S:-300} python3 benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 --warmup --results-dir "$OUT" 2>&1 | tail -8 | tee -a "$log"
 fi
 tar czf "$OUT/tcache.tgz" -C /tmp tcache 2>/dev/null
 ls -la "$OUT"

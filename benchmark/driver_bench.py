@@ -1,7 +1,7 @@
 """End-to-end prefill + greedy decode through the standalone driver (paged runtime, no SGLang).
 
     python benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 \
-        --chunk 8192 [--tokens-out tokens.json] [--results-dir benchmark/results]
+        --chunk 8192 [--warmup] [--tokens-out tokens.json] [--results-dir benchmark/results]
 
 Prints one markdown row (prefill/decode throughput, peak memory, which ops ran as Triton kernels)
 and appends it, with the date, device and command, to <results-dir>/<date>-<device>-driver.md.
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens-out")
+    ap.add_argument("--warmup", action="store_true", help="run the whole generate once untimed first (Triton JIT)")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,6 +52,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(a.seed)
     prompts = torch.randint(3, model.cfg.vocab_size, (a.prompts, a.prompt_len), generator=g).tolist()
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode + a.page_size), a.prompts, a.page_size, dev)
+    if a.warmup:
+        drv.generate(prompts, a.decode, a.chunk)
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     new, st = drv.generate(prompts, a.decode, a.chunk)
