@@ -321,6 +321,12 @@ def _tile(d: int, group: int, rows: int, num_warps: int, seg: int | None) -> int
     return seg
 
 
+def _meta(d: int, cos: torch.Tensor, rows: int, num_warps: int, seg: int, group: int, portable: bool) -> dict:
+    """Launch keywords shared by the store kernels: row width, RoPE width, tile and encoder path."""
+    return dict(D=d, DP=next_pow2(d), RP=cos.size(1), R=rows, SEG=_tile(d, group, rows, num_warps, seg),
+                FAST=FAST and not portable, num_warps=num_warps, **NO_FMA)
+
+
 @window_kv_store.triton_impl
 def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: int = 2, num_warps: int = 1,
                            seg: int | None = None, portable: bool = False):
@@ -333,8 +339,7 @@ def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: in
         w = w.clone()
     _window_kv_store_kernel[(triton.cdiv(n, rows),)](
         kv, kv.stride(0), w, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), float(eps), n,
-        D=d, DP=next_pow2(d), RP=cos.size(1), R=rows, SEG=_tile(d, 32, rows, num_warps, seg), FAST=FAST and not portable,
-        num_warps=num_warps, **NO_FMA,
+        **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
 
 
@@ -347,8 +352,7 @@ def compressed_kv_store_triton(latent, cos, sin, slots, pool, rows: int = 2, num
     latent, cos, sin = _check_rows(latent, cos, sin, slots, pool, d // 2 + d // 16, 16)
     _compressed_kv_store_kernel[(triton.cdiv(n, rows),)](
         latent, latent.stride(0), cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), n,
-        D=d, DP=next_pow2(d), RP=cos.size(1), R=rows, SEG=_tile(d, 16, rows, num_warps, seg or min(next_pow2(d), 256)), FAST=FAST and not portable,
-        num_warps=num_warps, **NO_FMA,
+        **_meta(d, cos, rows, num_warps, seg or min(next_pow2(d), 256), 16, portable),
     )
 
 
@@ -361,8 +365,7 @@ def index_key_store_triton(k, cos, sin, slots, pool, rows: int = 4, num_warps: i
     k, cos, sin = _check_rows(k, cos, sin, slots, pool, d // 2 + d // 32, 32)
     _index_fp4_kernel[(triton.cdiv(n, rows),)](
         k, k.stride(0), 0, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), n,
-        H=1, D=d, DP=next_pow2(d), RP=cos.size(1), R=rows, SEG=_tile(d, 32, rows, num_warps, seg or next_pow2(d)), QDQ=False,
-        FAST=FAST and not portable, num_warps=num_warps, **NO_FMA,
+        H=1, QDQ=False, **_meta(d, cos, rows, num_warps, seg or next_pow2(d), 32, portable),
     )
 
 
@@ -382,8 +385,7 @@ def index_query_quant_triton(q, cos, sin, rows: int = 16, num_warps: int = 1, se
     cos, sin = cos.contiguous(), sin.contiguous()
     _index_fp4_kernel[(triton.cdiv(t * hi, rows),)](
         q, q.stride(0), q.stride(1), cos, sin, cos.stride(0), q, out, d, t * hi,
-        H=hi, D=d, DP=next_pow2(d), RP=cos.size(1), R=rows, SEG=_tile(d, 32, rows, num_warps, seg), QDQ=True,
-        FAST=FAST and not portable, num_warps=num_warps, **NO_FMA,
+        H=hi, QDQ=True, **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
     return out
 
