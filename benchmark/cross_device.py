@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 
 from dsv41_kernels.registry import FORCE_TORCH_ENV  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
-from sglang_dsv41.runtime.driver import Driver, StepTrace  # noqa: E402
+from sglang_dsv41.runtime.driver import Driver, StepTrace, random_prompts  # noqa: E402
 from sglang_dsv41.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -123,8 +123,7 @@ def record(a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     path, sha = checkpoint(a.preset, a.seed)
     model = load_model(path, device=dev, progress=False)
-    g = torch.Generator().manual_seed(a.seed)
-    prompts = torch.randint(3, model.cfg.vocab_size, (a.prompts, a.prompt_len), generator=g).tolist()
+    prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     tokens, trace = run(model, prompts, a.decode, a.chunk, dev)
     blob = dict(preset=a.preset, seed=a.seed, sha256=sha, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
                 chunk=a.chunk, decode=a.decode, prompts=prompts, tokens=tokens, steps=[vars(s) for s in trace])

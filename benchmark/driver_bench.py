@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 
 from dsv41_kernels.registry import all_ops  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
-from sglang_dsv41.runtime.driver import Driver  # noqa: E402
+from sglang_dsv41.runtime.driver import Driver, random_prompts  # noqa: E402
 from sglang_dsv41.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -49,8 +49,7 @@ def main() -> None:
     path = Path(a.model) if a.model else write_tiny_checkpoint(Path("/tmp/dsv41-bench") / a.preset, a.preset, 0, dev)
     model = load_model(path, device=dev, progress=False)
     t_load = time.perf_counter() - t0
-    g = torch.Generator().manual_seed(a.seed)
-    prompts = torch.randint(3, model.cfg.vocab_size, (a.prompts, a.prompt_len), generator=g).tolist()
+    prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode + a.page_size), a.prompts, a.page_size, dev)
     if a.warmup:
         drv.generate(prompts, a.decode, a.chunk)

@@ -171,6 +171,13 @@ class StepTrace:
         return Replay(self.routed_experts, self.topk, self.candidates)
 
 
+def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`n` prompts of `length` uniform token ids in [3, vocab) (0-2 are bos / eos / pad): the prompts
+    of every driver benchmark, the same on every machine for a given seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (n, length), generator=g).tolist()
+
+
 def main(argv: list[str] | None = None) -> None:
     from sglang_dsv41.checkpoint.loader import load_model
 
@@ -186,8 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", help="write the generated token ids as json")
     a = ap.parse_args(argv)
     model = load_model(a.model, device=a.device, progress=False)
-    g = torch.Generator().manual_seed(a.seed)
-    prompts = torch.randint(3, model.cfg.vocab_size, (a.prompts, a.prompt_len), generator=g).tolist()
+    prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size, a.device)
     new, stats = drv.generate(prompts, a.decode, a.chunk)
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
