@@ -6,18 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang_dsv41.reduction import mean_square
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x [..., d] any float dtype -> same dtype. weight [d] (bf16/fp32) or None (weightless)."""
     xf = x.float()
-    # NOTE: the sum of squares is accumulated exactly (fp64 squares of bf16/fp32 values, one
-    # rounding to fp32), then divided by d in IEEE fp32 (a device tensor: CUDA multiplies by the
-    # reciprocal of a python scalar). A plain fp32 mean depends on the reduction order, which on
-    # CUDA follows the batch size (block shape) and on the CPU the SIMD width; the fused Triton
-    # kernels reproduce this definition bit for bit.
-    ss = x.double().square().sum(-1, keepdim=True).float()
-    ms = ss / torch.full((), float(x.size(-1)), dtype=torch.float32, device=x.device)
-    y = xf * torch.rsqrt(ms + eps)
+    y = xf * torch.rsqrt(mean_square(x) + eps)
     if weight is not None:
         y = weight.float() * y
     return y.to(x.dtype)
