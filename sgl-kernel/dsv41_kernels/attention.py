@@ -1,12 +1,23 @@
-"""Sparse attention straight from the paged pools (window FP8 + selected compressed FP4)."""
+"""Sparse attention straight from the paged pools (window FP8 + selected compressed FP4).
+
+Twin: gathers each row's keys from the two pools (byte layouts in `sglang_dsv41.quant.layouts`),
+window slots first, and runs the block-64 online softmax of `twin_math.attend_blocks`.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from dsv41_kernels.registry import register
-from sglang_dsv41.layers.sparse_attention import attend_gathered
+from dsv41_kernels.twin_math import attend_blocks
 from sglang_dsv41.quant import kv_fp4_unpack, window_kv_unpack
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor, unpack) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 pool [S, bytes], slots int [t, k] (-1 = none) -> (bf16 keys [t, k, D], valid bool [t, k])."""
+    valid = slots >= 0
+    rows = pool.index_select(0, torch.where(valid, slots, 0).reshape(-1).long())
+    return unpack(rows).unflatten(0, slots.shape), valid
 
 
 @register("sparse_attention_paged")
@@ -24,17 +35,16 @@ def sparse_attention_paged(
     first); comp_pool uint8 [S2, D/2+D/16], comp_slots int64 [T, K] (-1 = none, positions ascending)
     or None; sink fp32 [h]. Keys per row = window slots then compressed slots, in that order.
     -> bf16 [T, h, D]."""
-    out = []
-    for s in range(0, q.size(0), chunk):
-        ws = window_slots[s : s + chunk]
-        keys = [window_kv_unpack(window_pool[ws.clamp_min(0)])]
-        valid = [ws >= 0]
-        if comp_slots is not None and comp_slots.size(1):
-            cs = comp_slots[s : s + chunk]
-            keys.append(kv_fp4_unpack(comp_pool[cs.clamp_min(0)]))
-            valid.append(cs >= 0)
-        out.append(attend_gathered(q[s : s + chunk], torch.cat(keys, 1), torch.cat(valid, 1), sink, scale))
-    return torch.cat(out) if out else q.new_zeros(q.shape)
+    out = torch.empty_like(q)
+    with_comp = comp_slots is not None and comp_slots.size(1) > 0
+    for lo in range(0, q.size(0), chunk):
+        hi = min(lo + chunk, q.size(0))
+        keys, valid = _gather(window_pool, window_slots[lo:hi], window_kv_unpack)
+        if with_comp:
+            ck, cv = _gather(comp_pool, comp_slots[lo:hi], kv_fp4_unpack)
+            keys, valid = torch.cat([keys, ck], dim=1), torch.cat([valid, cv], dim=1)
+        out[lo:hi] = attend_blocks(q[lo:hi], keys, valid, sink, scale)
+    return out
 
 
 try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton

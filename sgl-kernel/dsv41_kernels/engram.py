@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dsv41_kernels.registry import register
-from sglang_dsv41.layers.engram import engram_gate as _gate
 from sglang_dsv41.quant import dequant_engram_rows
+from sglang_dsv41.reduction import mean_square
 
 
 @register("engram_gather")
@@ -19,8 +19,26 @@ def engram_gather(weight: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tens
 
 @register("engram_gate")
 def engram_gate(streams, kv, q_weight, k_weight, eps: float, token_mask=None):
-    """streams bf16 [T, n, H], kv bf16 [T, (n+1)H] -> bf16 [T, n, H] (see layers.engram)."""
-    return _gate(streams, kv, q_weight, k_weight, eps, token_mask)
+    """streams bf16 [T, n, H], kv bf16 [T, (n+1)H] (n keys, then the shared value), q/k_weight [n, H],
+    token_mask bool [T] or None (False = row unchanged) -> bf16 [T, n, H]. Per stream j, in fp32 with
+    one final cast:
+      d_j = sum(R_j * (q_w[j] * k_w[j]) * key_j) * rsqrt(mean R_j^2 + eps) * rsqrt(mean key_j^2 + eps) * H^-0.5
+      R_j + sigmoid(sign(d_j) sqrt(max(|d_j|, 1e-6))) * value
+    Both mean squares are the shared statistic `sglang_dsv41.reduction.mean_square`."""
+    t, n, hid = streams.shape
+    keys = kv[:, : n * hid].float().reshape(t, n, hid)
+    value = kv[:, n * hid :].float().reshape(t, 1, hid)
+    r = streams.float()
+    qk = q_weight.float() * k_weight.float()
+    inv_r = torch.rsqrt(mean_square(r)[..., 0] + eps)
+    inv_k = torch.rsqrt(mean_square(keys)[..., 0] + eps)
+    dot = (r * qk * keys).sum(-1)
+    d = dot * (inv_r * inv_k) * hid**-0.5
+    root = d.abs().clamp_min(1e-6).sqrt()
+    gate = torch.sigmoid(torch.copysign(root, d))  # sign of d, -0 included
+    if token_mask is not None:
+        gate = torch.where(token_mask.reshape(t, 1), gate, torch.zeros((), dtype=gate.dtype, device=gate.device))
+    return (r + gate.unsqueeze(-1) * value).to(streams.dtype)
 
 
 @register("engram_hash")
