@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41_kernels.registry import register
+from dsv41_kernels.registry import attach_kernels, register
 from dsv41_kernels.twin_math import attend_blocks
 from sglang_dsv41.quant import kv_fp4_unpack, window_kv_unpack
 
@@ -47,7 +47,4 @@ def sparse_attention_paged(
     return out
 
 
-try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
-    from dsv41_kernels import attention_triton as _triton  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+attach_kernels("dsv41_kernels.attention_triton", "sparse_attention_paged")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41_kernels.registry import register
+from dsv41_kernels.registry import attach_kernels, register
 from dsv41_kernels.twin_math import rms_normalize, rope_last_dims
 from sglang_dsv41.quant import index_fp4_pack, index_fp4_stage1, kv_fp4_pack, window_kv_pack
 
@@ -45,7 +45,4 @@ def index_key_store(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots
     _write_rows(pool, slots, index_fp4_pack(index_fp4_stage1(rope_last_dims(k, cos, sin))))
 
 
-try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
-    from dsv41_kernels import cache_store_triton as _triton  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+attach_kernels("dsv41_kernels.cache_store_triton", "window_kv_store", "compressed_kv_store", "index_key_store")

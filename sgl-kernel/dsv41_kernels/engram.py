@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41_kernels.registry import register
+from dsv41_kernels.registry import attach_kernels, register
 from sglang_dsv41.quant import dequant_engram_rows
 from sglang_dsv41.reduction import mean_square
 
@@ -69,7 +69,4 @@ def engram_hash(
     return rows.reshape(t, multipliers.size(0), -1)
 
 
-try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
-    from dsv41_kernels import engram_triton as _triton  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+attach_kernels("dsv41_kernels.engram_triton", "engram_hash", "engram_gather", "engram_gate")

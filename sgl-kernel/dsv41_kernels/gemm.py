@@ -20,7 +20,6 @@ from sglang_dsv41.quant import fp8_linear as _fp8_linear
 fp8_linear = register("fp8_linear")(_fp8_linear)
 fp4_linear = register("fp4_linear")(_fp4_linear)
 
-try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
-    from dsv41_kernels import gemm_triton as _triton  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+from dsv41_kernels.registry import attach_kernels  # noqa: E402
+
+attach_kernels("dsv41_kernels.gemm_triton", "fp8_linear", "fp4_linear")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dsv41_kernels.registry import register
+from dsv41_kernels.registry import attach_kernels, register
 from dsv41_kernels.twin_math import rope_last_dims
 from sglang_dsv41.quant import index_fp4_qdq, index_fp4_unpack
 
@@ -88,8 +88,5 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: i
     return keep.index_select(-1, torch.arange(n, device=s.device) // block_size)
 
 
-try:  # attach the Triton kernels (importing them compiles nothing); twins only without Triton
-    from dsv41_kernels import indexer_triton as _triton  # noqa: E402,F401
-    from dsv41_kernels import topk_triton as _topk_triton  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+attach_kernels("dsv41_kernels.indexer_triton", "index_query_quant", "index_scores")
+attach_kernels("dsv41_kernels.topk_triton", "topk_select", "candidate_blocks")

@@ -14,16 +14,28 @@ compare them). Nothing is compiled at import.
     "1", "true", "all"           every op runs its twin
     "fp8_linear,fp4_linear"      the named ops run their twins (comma-separated op names; an
                                  unknown name raises ValueError at the first op call)
+
+Kernels are attached by `attach_kernels(module, *op_names)` at the end of each op module: it imports
+the Triton module (which registers its kernels with `@op.triton_impl`). When that import fails
+(no Triton, a broken kernel module), the reason is kept on each named op as `op.kernel_error`, and
+a call of that op with a CUDA tensor raises RuntimeError naming the op and the import error, never
+a silent fall back to the twin. Forcing the op onto its twin with
+SGLANG_DSV41_TORCH_OPS makes the twin explicit; it then runs, with one logged warning per op.
+CPU calls always run the twin, kernel or not.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 from typing import Callable
 
 import torch
 
 FORCE_TORCH_ENV = "SGLANG_DSV41_TORCH_OPS"
+
+logger = logging.getLogger(__name__)
 
 
 _NONE = ("", "0", "false", "False")
@@ -56,24 +68,54 @@ class Op:
         self.name = name
         self.torch = torch_impl
         self.triton: Callable | None = None
+        self.kernel_module: str | None = None  # the Triton module that should register `triton`
+        self.kernel_error: str | None = None  # why that module failed to import (None: it imported)
+        self._warned = False
         self.__doc__ = torch_impl.__doc__
 
     def triton_impl(self, fn: Callable) -> Callable:
         self.triton = fn
         return fn
 
+    def kernel_missing(self) -> str | None:
+        """Why this op has no kernel although one was attached (None: it has one, or none is expected)."""
+        if self.triton is not None or self.kernel_module is None:
+            return None
+        return self.kernel_error or f"{self.kernel_module} imported but registered no kernel for {self.name!r}"
+
     def uses_triton(self, args: tuple, kwargs: dict | None = None) -> bool:
-        if self.triton is None or torch_forced(self.name):
+        """Whether a call with these arguments runs the Triton kernel: some tensor argument is on
+        CUDA, the op has a kernel and is not forced onto its twin. Raises RuntimeError for a CUDA call
+        of an op whose kernel module failed to import (see the module docstring)."""
+        if self.triton is None and self.kernel_module is None:
             return False
-        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
-        return any(a.is_cuda for a in tensors)
+        if torch_forced(self.name):
+            if self.kernel_missing() and not self._warned and _on_cuda(args, kwargs):
+                self._warned = True
+                logger.warning("dsv41_kernels op %r runs its torch twin on CUDA (%s=%s); its kernel is unavailable: %s",
+                               self.name, FORCE_TORCH_ENV, os.environ.get(FORCE_TORCH_ENV), self.kernel_missing())
+            return False
+        if not _on_cuda(args, kwargs):
+            return False
+        missing = self.kernel_missing()
+        if missing is not None:
+            raise RuntimeError(
+                f"dsv41_kernels op {self.name!r} was called with CUDA tensors but has no Triton kernel: {missing}. "
+                f"Fix the kernel import, or set {FORCE_TORCH_ENV}={self.name} (or 1) to run its torch twin explicitly."
+            )
+        return True
 
     def __call__(self, *args, **kwargs):
         impl = self.triton if self.uses_triton(args, kwargs) else self.torch
         return impl(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Op({self.name}, triton={'yes' if self.triton else 'no'})"
+        state = "yes" if self.triton else ("failed" if self.kernel_missing() else "no")
+        return f"Op({self.name}, triton={state})"
+
+
+def _on_cuda(args: tuple, kwargs: dict | None) -> bool:
+    return any(a.is_cuda for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor))
 
 
 _REGISTRY: dict[str, Op] = {}
@@ -97,3 +139,19 @@ def all_ops() -> dict[str, Op]:
     import dsv41_kernels.ops  # noqa: F401
 
     return dict(_REGISTRY)
+
+
+def attach_kernels(module: str, *op_names: str) -> None:
+    """Import the Triton module `module` (it registers the kernels of `op_names` on import). On
+    ImportError the reason is recorded on each named op (`op.kernel_error`); CUDA calls of those ops
+    then raise instead of running the twin (module docstring). The ops must be registered already."""
+    ops = [_REGISTRY[name] for name in op_names]
+    for op in ops:
+        op.kernel_module = module
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        reason = f"import {module} failed: {type(e).__name__}: {e}"
+        logger.debug("dsv41_kernels: %s (ops %s run their twins on CPU only)", reason, ", ".join(op_names))
+        for op in ops:  # a kernel registered before the failure belongs to a broken module: drop it
+            op.kernel_error, op.triton = reason, None
