@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 from dsv41_kernels.registry import FORCE_TORCH_ENV  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, StepTrace, random_prompts  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
 from sglang_dsv41.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -122,7 +123,7 @@ HEAD = ("| pass | argmax = reference token | worst margin of a miss | max abs lo
 def record(a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     path, sha = checkpoint(a.preset, a.seed)
-    model = load_model(path, device=dev, progress=False)
+    model = use_kernels(load_model(path, device=dev, progress=False), kernel_table(dev))
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     tokens, trace = run(model, prompts, a.decode, a.chunk, dev)
     blob = dict(preset=a.preset, seed=a.seed, sha256=sha, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
@@ -145,8 +146,8 @@ def record(a) -> None:
 
 
 def reference_check(model, prompts, tokens, device) -> str:
-    """The reference forward (reference/model.py: dense layers, no paged ops) over each request's
-    prompt + generated tokens with its FP8 / MXFP4 GEMMs as Triton kernels, against the same forward
+    """The one forward over the dense KV (no paged ops) with the model's kernel slots (GEMMs, indexer
+    query / top-k / candidates, Engram) as Triton kernels, over each request's prompt + generated tokens, against the same forward
     with every op on its torch twin and the Triton run's decisions replayed: per-row logits."""
     from sglang_dsv41.reference.model import ReferenceModel
 

@@ -3,8 +3,9 @@
     python benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 \
         --chunk 8192 [--warmup] [--tokens-out tokens.json] [--results-dir benchmark/results]
 
-Prints one markdown row (prefill/decode throughput, peak memory, which ops ran as Triton kernels)
-and appends it, with the date, device and command, to <results-dir>/<date>-<device>-driver.md.
+Prints one markdown row (prefill/decode throughput, peak memory, and the ops the timed run really
+called: every call of the op table is counted by which implementation ran, Triton or torch twin;
+model code outside the op table (mHC, router, MoE loop, norms, head) is plain torch) and appends it, with the date, device and command, to <results-dir>/<date>-<device>-driver.md.
 The generated tokens can be written as json to compare devices (same seed -> same prompts).
 """
 
@@ -23,9 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 
-from dsv41_kernels.registry import all_ops  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, random_prompts  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
 from sglang_dsv41.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -50,19 +51,22 @@ def main() -> None:
     model = load_model(path, device=dev, progress=False)
     t_load = time.perf_counter() - t0
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
-    drv = Driver(model, a.prompts * (a.prompt_len + a.decode + a.page_size), a.prompts, a.page_size, dev)
+    table, calls = kernel_table(dev).counting()
+    use_kernels(model, table)
+    drv = Driver(model, a.prompts * (a.prompt_len + a.decode + a.page_size), a.prompts, a.page_size, dev, ops=table)
     if a.warmup:
         drv.generate(prompts, a.decode, a.chunk)
+    calls.clear()
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     new, st = drv.generate(prompts, a.decode, a.chunk)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
-    triton = sorted(n for n, op in all_ops().items() if op.uses_triton((torch.empty(1, device=dev),)))
+    used = ", ".join(f"{n} ({impl} x{c})" for (n, impl), c in sorted(calls.items()))
     row = (f"| {a.preset} | {a.prompts} x {a.prompt_len} | {a.decode} | {a.chunk} | {st['prefill_s']:.2f} | "
            f"{st['prefill_tok_s']:.0f} | {st['decode_s']:.2f} | {st['decode_tok_s']:.1f} | {peak:.1f} | "
-           f"{', '.join(triton) or 'none (torch twins)'} |")
+           f"{used or 'none'} |")
     header = ("| preset | prompts | decode steps | chunk | prefill s | prefill tok/s | decode s | decode tok/s | "
-              "peak GiB | Triton ops |\n|---|---|---|---|---|---|---|---|---|---|")
+              "peak GiB | ops called (implementation x calls) |\n|---|---|---|---|---|---|---|---|---|---|")
     print(header + "\n" + row, flush=True)
     if a.tokens_out:
         Path(a.tokens_out).write_text(json.dumps({"prompts_seed": a.seed, "tokens": new}))

@@ -53,6 +53,29 @@ def hash_multipliers(layer_ids: Sequence[int], max_ngram_size: int, compressed_v
     return torch.tensor(rows, dtype=torch.long).reshape(len(layer_ids), max_ngram_size)
 
 
+def hash_rows(
+    windows: torch.Tensor, positions: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
+    offsets: torch.Tensor, pad_class: int,
+) -> torch.Tensor:
+    """windows int64 [T, N] (column s: class of the s-th predecessor, -1 dead), positions int [T],
+    multipliers int64 [L, N], primes / offsets int64 [L, N-1, Hh] -> row ids int64 [T, L, (N-1)*Hh].
+    A column is blocked (pad class) when dead or p < s, cumulatively from newer to older."""
+    n = windows.shape[1]
+    positions = positions.to(device=windows.device, dtype=torch.long).reshape(-1, 1)
+    cols = torch.arange(n, device=windows.device, dtype=torch.long).reshape(1, n)
+    blocked = (windows < 0) | (positions < cols)
+    for s in range(1, n):  # cumulative from newer (s-1) to older (s)
+        blocked[:, s] |= blocked[:, s - 1]
+    classes = torch.where(blocked, torch.full_like(windows, pad_class), windows)
+    prod = classes.unsqueeze(1) * multipliers.unsqueeze(0)  # [T, L, N]
+    rolling = [prod[:, :, 0]]
+    for s in range(1, n):
+        rolling.append(torch.bitwise_xor(rolling[-1], prod[:, :, s]))
+    r = torch.stack(rolling[1:], dim=2)  # [T, L, N-1]
+    rows = torch.remainder(r.unsqueeze(-1), primes.unsqueeze(0)) + offsets.unsqueeze(0)  # [T, L, N-1, Hh]
+    return rows.reshape(windows.shape[0], multipliers.size(0), -1)
+
+
 class EngramHasher:
     """Row-id hashing for all Engram layers of one model.
 
@@ -68,6 +91,10 @@ class EngramHasher:
     Output of every `hash_*` method: LongTensor [T, n_engram_layers, (N-1)*H] on the input's device,
     layers in `config.layer_ids` order.
     """
+
+    # kernel slot (see layers/linear.py): `use_kernels` may set the `engram_hash` op on the instance
+    kernel_slots = {"window_hash": "engram_hash"}
+    window_hash = staticmethod(hash_rows)
 
     def __init__(
         self,
@@ -158,21 +185,7 @@ class EngramHasher:
         if windows.dim() != 2 or windows.shape[1] != n:
             raise ValueError(f"windows must be [T, {n}], got {tuple(windows.shape)}")
         _, mult, primes, offsets = self._tables(windows.device)
-        windows = windows.to(torch.long)
-        positions = positions.to(device=windows.device, dtype=torch.long).reshape(-1, 1)
-        cols = torch.arange(n, device=windows.device, dtype=torch.long).reshape(1, n)
-        blocked = (windows < 0) | (positions < cols)
-        for s in range(1, n):  # cumulative from newer (s-1) to older (s)
-            blocked[:, s] |= blocked[:, s - 1]
-        classes = torch.where(blocked, torch.full_like(windows, self.pad_class), windows)
-
-        prod = classes.unsqueeze(1) * mult.unsqueeze(0)  # [T, L, N]
-        rolling = [prod[:, :, 0]]
-        for s in range(1, n):
-            rolling.append(torch.bitwise_xor(rolling[-1], prod[:, :, s]))
-        r = torch.stack(rolling[1:], dim=2)  # [T, L, N-1]
-        rows = torch.remainder(r.unsqueeze(-1), primes.unsqueeze(0)) + offsets.unsqueeze(0)  # [T, L, N-1, H]
-        return rows.reshape(windows.shape[0], self.n_layers, self.n_cols)
+        return self.window_hash(windows.to(torch.long), positions, mult, primes, offsets, self.pad_class)
 
     def hash_packed(
         self,

@@ -18,8 +18,13 @@ def ids(tiny_model) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ref_logits(tiny_reference, ids) -> torch.Tensor:
-    return tiny_reference.forward(torch.tensor(ids)).logits
+def ref_out(tiny_reference, ids):
+    return tiny_reference.forward(torch.tensor(ids))
+
+
+@pytest.fixture(scope="module")
+def ref_logits(ref_out) -> torch.Tensor:
+    return ref_out.logits
 
 
 def _prefill(driver: Driver, seq: Sequence, chunk: int) -> torch.Tensor:
@@ -34,6 +39,25 @@ def test_chunked_prefill_equals_reference(tiny_model, ids, ref_logits, chunk):
     drv = Driver(tiny_model, 1024, 2, page_size=64, poison=True)
     got = _prefill(drv, Sequence(0, list(ids), len(ids)), chunk)
     assert torch.equal(got, ref_logits)
+
+
+def test_dense_and_paged_kv_take_the_same_decisions(tiny_model, ids, ref_out):
+    """The one forward over DenseKV (reference) and over PagedKV (runtime): every routed expert,
+    top-k selection and candidate block of a 300-token prefill is the same."""
+    drv = Driver(tiny_model, 1024, 2, page_size=64, poison=True)
+    got = drv.step([Sequence(0, list(ids), len(ids))], [len(ids)], all_logits=True).decisions
+    want = ref_out.decisions
+    assert sorted(got.routed_experts) == sorted(want.routed_experts) == list(range(tiny_model.cfg.num_layers))
+    for lid, e in want.routed_experts.items():
+        assert torch.equal(got.routed_experts[lid], e), lid
+    assert sorted(got.topk) == sorted(want.topk) and want.topk
+    for lid, sel in want.topk.items():
+        assert torch.equal(got.topk[lid], sel), lid
+    assert sorted(got.candidates) == sorted(want.candidates) and want.candidates
+    for lid, cand in want.candidates.items():
+        n = got.candidates[lid].size(1)
+        assert n <= cand.size(1) and not cand[:, n:].any()
+        assert torch.equal(got.candidates[lid], cand[:, :n]), lid
 
 
 def test_token_by_token_prefill_equals_reference(tiny_model, tiny_reference, ids):
@@ -91,21 +115,22 @@ def test_greedy_generate_matches_reference(tiny_model, tiny_reference, ids):
 def test_replayed_decisions_are_used(tiny_model, tiny_reference, ids):
     """The reference's decisions replayed into the runtime reproduce it; different forced experts
     or selections change the logits (so replay really drives the forward)."""
-    from sglang_dsv41.runtime import Replay
+    from sglang_dsv41.runtime import Decisions
 
     n = 120
     ref = tiny_reference.forward(torch.tensor(ids[:n]))
     d = ref.decisions
     run = lambda replay: Driver(tiny_model, 512, 1, page_size=64).step(  # noqa: E731
         [Sequence(0, ids[:n], n)], [n], all_logits=True, replay=replay)
-    same = run(Replay(routed_experts=d.routed_experts, topk=d.topk, candidates=d.candidates))
+    same = run(Decisions(routed_experts=d.routed_experts, topk=d.topk, candidates=d.candidates))
     assert torch.equal(same.logits, ref.logits)
-    assert torch.equal(same.routed_experts[3], d.routed_experts[3]) and torch.equal(same.topk[2], d.topk[2])
-    moved = run(Replay(routed_experts={3: d.routed_experts[3].flip(0)}))
+    assert torch.equal(same.decisions.routed_experts[3], d.routed_experts[3])
+    assert torch.equal(same.decisions.topk[2], d.topk[2])
+    moved = run(Decisions(routed_experts={3: d.routed_experts[3].flip(0)}))
     assert not torch.equal(moved.logits, ref.logits)
     sel = d.topk[6].clone()
     sel[sel >= 0] = 0
-    assert not torch.equal(run(Replay(topk={6: sel})).logits, ref.logits)
+    assert not torch.equal(run(Decisions(topk={6: sel})).logits, ref.logits)
 
 
 def test_pool_accounting_release_config():

@@ -4,7 +4,10 @@ Query:  qr = q_norm(wq_a(x)); q = rope(wq_b(qr)) [T, h, D]            (no per-he
 Window: kv = FP8(rope(kv_norm(wkv(x))))  [T, D]  (MXFP8 per 32, RoPE dims included)
 Compressed KV (KV sources): FP4(rope(latent, group_pos))  (E2M1 + E4M3 scale per 16)
 Output: o [T, h, D] -> inverse rope on the last 64 dims -> wo_a per group (bf16) -> wo_b (FP8).
-The cross-layer plumbing (which cache, which selection) is the caller's; see reference/model.py.
+
+`forward` is the attention site in paper order over a KV interface (layers/kv.py): query, window
+keys, [KV source: compressed KV + index keys], [index source: scores -> candidates -> top-k], sparse
+attention over [window | selected], output. Which rows/keys exist is the KV's business.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from torch import nn
 
 from sglang_dsv41.config import LayerRole, ModelConfig
 from sglang_dsv41.layers.compressor import Compressor
+from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.indexer import Indexer
+from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.rope import Rotary
@@ -28,6 +33,7 @@ class Attention(nn.Module):
         self.role = role
         self.n_heads, self.head_dim, self.o_groups, self.o_lora_rank = a.n_heads, a.head_dim, a.o_groups, a.o_lora_rank
         self.softmax_scale = a.softmax_scale
+        self.compression = cfg.compression
         self.wq_a = FP8Linear(H, a.q_lora_rank, blk)
         self.q_norm = RMSNorm(a.q_lora_rank, eps)
         self.wq_b = FP8Linear(a.q_lora_rank, a.n_heads * a.head_dim, blk)
@@ -42,6 +48,38 @@ class Attention(nn.Module):
         if role.is_index_source:
             self.indexer = Indexer(cfg, owns_keys=role.is_kv_source)
 
+    def forward(self, x: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None) -> torch.Tensor:
+        """x [N, H] bf16 (normed attention input of the KV's current rows) -> [N, H] bf16.
+        Records this layer's top-k / candidates in `dec` (index sources); `replay` forces them."""
+        role = self.role
+        freqs = self.rotary.freqs(kv.positions)
+        q, qr = self.query(x, freqs)
+        kv.store_window(self, self.wkv(x), freqs)
+        topk = None
+        if role.compress_ratio:
+            if role.is_kv_source:
+                kv.store_compressed(self, x)
+            if role.is_index_source:
+                self.select(x, qr, freqs, kv, dec, replay)
+            topk = dec.topk[role.index_source]
+        return self.output(kv.attend(self, q, topk), freqs)
+
+    def select(self, x, qr, freqs, kv: KV, dec: Decisions, replay: Decisions | None) -> None:
+        """Index source: score the visible compressed positions, apply / publish candidate blocks,
+        keep the top-k (spec attention 4.3-4.4)."""
+        role, ix, c = self.role, self.indexer, self.compression
+        lid = role.layer_id
+        scores, visible = kv.index_scores(self, ix.queries(qr, freqs), ix.head_weights(x))
+        forced = replay.forced("candidates", lid) if replay is not None else None
+        if role.is_candidate_source:
+            if forced is None:
+                forced = ix.select_candidates(scores, visible, c.candidate_topk_blocks, c.candidate_block_size)
+            dec.candidates[lid] = _fit_width(forced.to(scores.device), scores.size(-1))
+        elif role.uses_candidates:
+            scores = scores.masked_fill(~dec.candidates[role.candidate_source], float("-inf"))
+        sel = replay.forced("topk", lid) if replay is not None else None
+        dec.topk[lid] = ix.select_topk(scores, c.index_topk) if sel is None else sel.to(scores.device, torch.int32)
+
     def query(self, x: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] bf16 -> (q [T, h, D] bf16 rotated, qr [T, q_lora] bf16 normed)."""
         qr = self.q_norm(self.wq_a(x))
@@ -50,7 +88,11 @@ class Attention(nn.Module):
 
     def window_kv(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> bf16 [T, D] window K(=V), already on the FP8 grid."""
-        return window_kv_qdq(self.rotary.apply(self.kv_norm(self.wkv(x)), freqs))
+        return self.window_keys(self.wkv(x), freqs)
+
+    def window_keys(self, kv: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        """kv [T, D] bf16 = wkv(x) -> bf16 [T, D] window K(=V) on the FP8 grid."""
+        return window_kv_qdq(self.rotary.apply(self.kv_norm(kv), freqs))
 
     def compressed_kv(self, latent: torch.Tensor, group_freqs: torch.Tensor) -> torch.Tensor:
         """latent [n, D] bf16 pre-RoPE -> bf16 [n, D] on the FP4 (E4M3/16) grid."""
@@ -62,3 +104,11 @@ class Attention(nn.Module):
         wo_a = self.wo_a.dequantized().view(self.o_groups, self.o_lora_rank, -1)
         y = torch.einsum("tgd,grd->tgr", o.flatten(1).unflatten(-1, (self.o_groups, -1)), wo_a)
         return self.wo_b(y.flatten(1))
+
+
+def _fit_width(mask: torch.Tensor, n: int) -> torch.Tensor:
+    """A forced candidate mask [N, m] recorded by another KV (dense: the whole sequence; paged: the
+    batch's widest row) cut or False-padded to n columns; columns past a row's visible are unused."""
+    if mask.size(-1) >= n:
+        return mask[:, :n]
+    return torch.nn.functional.pad(mask, (0, n - mask.size(-1)), value=False)

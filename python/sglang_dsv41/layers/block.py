@@ -1,7 +1,9 @@
 """One decoder layer's parameters: Engram (optional), attention, MoE, their norms and mHC sites.
 
 Parameter names follow the checkpoint: `attn_norm`, `ffn_norm`, `hc_{attn,ffn}_{fn,base,scale}`,
-`attn.*`, `ffn.*`, `engram.*`. The forward order (lagged mHC) lives with the caller.
+`attn.*`, `ffn.*`, `engram.*`. `forward` runs the attention and MoE sites in paper order with the
+lagged mHC schedule (a sublayer's input is collapsed with the previous site's `pre`, spec model
+3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from torch import nn
 
 from sglang_dsv41.config import LayerRole, ModelConfig
 from sglang_dsv41.layers.attention import Attention
+from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.engram import Engram
-from sglang_dsv41.layers.mhc import mix_stats
+from sglang_dsv41.layers.kv import KV
+from sglang_dsv41.layers.mhc import collapse, expand, mix_stats
 from sglang_dsv41.layers.moe import MoE
 from sglang_dsv41.layers.norm import RMSNorm
 
@@ -44,3 +48,21 @@ class Block(nn.Module):
             self.hc_eps,
             self.norm_eps,
         )
+
+    def attn_input(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """streams [N, n, H] bf16, pre [N, n] fp32 (previous site's) -> attention input x [N, H] bf16."""
+        return self.attn_norm(collapse(streams, pre))
+
+    def forward(
+        self, streams: torch.Tensor, pre: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(streams [N, n, H] bf16, pre [N, n] fp32) -> the same after attention and MoE.
+        Records routed experts (and the attention's decisions) in `dec`; `replay` forces them."""
+        lid = self.role.layer_id
+        attn_pre, attn_post, attn_comb = self.hc_mix("attn", streams)
+        y = self.attn(self.attn_input(streams, pre), kv, dec, replay)
+        streams = expand(y, streams, attn_post, attn_comb)
+        ffn_pre, ffn_post, ffn_comb = self.hc_mix("ffn", streams)
+        forced = replay.forced("routed_experts", lid) if replay is not None else None
+        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(collapse(streams, attn_pre)), forced)
+        return expand(y, streams, ffn_post, ffn_comb), ffn_pre

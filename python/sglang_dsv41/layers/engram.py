@@ -16,10 +16,19 @@ from torch import nn
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.quant import dequant_engram_rows
+from sglang_dsv41.reduction import mean_square
+
+
+def gather_rows(weight: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
+    """weight e4m3 [R, hd], scale e8m0 [R, hd/32], row_ids int64 [...] -> bf16 [..., hd]."""
+    return dequant_engram_rows(weight[row_ids], scale[row_ids])
 
 
 class EngramTable(nn.Module):
     """weight F8_E4M3 [rows, head_dim], scale F8_E8M0 [rows, head_dim/32] (264 B/row at 256)."""
+
+    kernel_slots = {"gather": "engram_gather"}  # see layers/linear.py
+    gather = staticmethod(gather_rows)
 
     def __init__(self, rows: int, head_dim: int):
         super().__init__()
@@ -28,23 +37,7 @@ class EngramTable(nn.Module):
 
     def forward(self, row_ids: torch.Tensor) -> torch.Tensor:
         """row_ids int64 [...] -> bf16 [..., head_dim]."""
-        return dequant_engram_rows(self.weight[row_ids], self.scale[row_ids])
-
-
-class Engram(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__()
-        e = cfg.engram
-        self.n, self.hidden, self.eps = cfg.hc.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
-        self.embed = EngramTable(e.num_embeddings[e.layer_ids.index(layer_id)], e.head_dim)
-        self.wkv = FP8Linear(e.n_hash_cols * e.head_dim, (self.n + 1) * cfg.hidden_size, cfg.weight_block_size)
-        self.q_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
-        self.k_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
-
-    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """streams [T, n, H] bf16, row_ids int64 [T, cols]; token_mask [T] False = leave unchanged."""
-        kv = self.wkv(self.embed(row_ids).flatten(-2))
-        return engram_gate(streams, kv, self.q_weight, self.k_weight, self.eps, token_mask)
+        return self.gather(self.weight, self.scale, row_ids)
 
 
 def engram_gate(
@@ -62,9 +55,28 @@ def engram_gate(
     key = key.float().unflatten(-1, (n, hidden))
     h = streams.float()
     w = q_weight.float() * k_weight.float()
-    rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    rstd = torch.rsqrt(mean_square(h)[..., 0] + eps) * torch.rsqrt(mean_square(key)[..., 0] + eps)
     d = (h * w * key).sum(-1) * rstd * hidden**-0.5
     gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
     if token_mask is not None:
         gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
     return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)
+
+
+class Engram(nn.Module):
+    kernel_slots = {"gate": "engram_gate"}
+    gate = staticmethod(engram_gate)
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        e = cfg.engram
+        self.n, self.hidden, self.eps = cfg.hc.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
+        self.embed = EngramTable(e.num_embeddings[e.layer_ids.index(layer_id)], e.head_dim)
+        self.wkv = FP8Linear(e.n_hash_cols * e.head_dim, (self.n + 1) * cfg.hidden_size, cfg.weight_block_size)
+        self.q_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
+        self.k_weight = nn.Parameter(torch.ones(self.n, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """streams [T, n, H] bf16, row_ids int64 [T, cols]; token_mask [T] False = leave unchanged."""
+        kv = self.wkv(self.embed(row_ids).flatten(-2))
+        return self.gate(streams, kv, self.q_weight, self.k_weight, self.eps, token_mask)

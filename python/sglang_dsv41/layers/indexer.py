@@ -18,33 +18,13 @@ from torch import nn
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import BF16Linear, FP8Linear
 from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.layers.rope import apply_rope
 from sglang_dsv41.quant import index_fp4_qdq
 
 
-class Indexer(nn.Module):
-    def __init__(self, cfg: ModelConfig, owns_keys: bool):
-        super().__init__()
-        c = cfg.compression
-        self.n_heads, self.head_dim = c.index_n_heads, c.index_head_dim
-        self.weight_scale = c.index_weight_scale
-        self.wq_b = FP8Linear(cfg.attention.q_lora_rank, c.index_n_heads * c.index_head_dim, cfg.weight_block_size)
-        self.weights_proj = BF16Linear(cfg.hidden_size, c.index_n_heads)
-        if owns_keys:
-            self.wk = BF16Linear(cfg.attention.head_dim, c.index_head_dim)
-            self.k_norm = RMSNorm(c.index_head_dim, cfg.rms_norm_eps)
-
-    def keys(self, latent: torch.Tensor, rotate) -> torch.Tensor:
-        """latent [n, D] bf16 (pre-RoPE) -> index keys bf16 [n, di]; `rotate(t)` applies group RoPE."""
-        return index_fp4_qdq(rotate(self.k_norm(self.wk(latent))))
-
-    def queries(self, qr: torch.Tensor, rotate) -> torch.Tensor:
-        """qr [T, q_lora] bf16 -> bf16 [T, Hi, di]."""
-        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        return index_fp4_qdq(rotate(q))
-
-    def head_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] bf16 -> bf16 [T, Hi]."""
-        return self.weights_proj(x) * self.weight_scale
+def query_quant(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """q bf16 [T, Hi, di] -> bf16 [T, Hi, di] = two-stage FP4 round trip of rope(q)."""
+    return index_fp4_qdq(apply_rope(q, cos, sin))
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -89,3 +69,35 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     keep = torch.zeros_like(block_max, dtype=torch.bool)
     keep.scatter_(-1, order[:, :kk], vals[:, :kk] > float("-inf"))
     return keep.repeat_interleave(block_size, dim=-1)[:, :n]
+
+
+class Indexer(nn.Module):
+    # kernel slots (see layers/linear.py): pure-torch defaults, replaced by `use_kernels`
+    kernel_slots = {"query_quant": "index_query_quant", "select_topk": "topk_select", "select_candidates": "candidate_blocks"}
+    query_quant = staticmethod(query_quant)
+    select_topk = staticmethod(select_topk)
+    select_candidates = staticmethod(select_candidate_blocks)
+
+    def __init__(self, cfg: ModelConfig, owns_keys: bool):
+        super().__init__()
+        c = cfg.compression
+        self.n_heads, self.head_dim = c.index_n_heads, c.index_head_dim
+        self.weight_scale = c.index_weight_scale
+        self.wq_b = FP8Linear(cfg.attention.q_lora_rank, c.index_n_heads * c.index_head_dim, cfg.weight_block_size)
+        self.weights_proj = BF16Linear(cfg.hidden_size, c.index_n_heads)
+        if owns_keys:
+            self.wk = BF16Linear(cfg.attention.head_dim, c.index_head_dim)
+            self.k_norm = RMSNorm(c.index_head_dim, cfg.rms_norm_eps)
+
+    def keys(self, latent: torch.Tensor, rotate) -> torch.Tensor:
+        """latent [n, D] bf16 (pre-RoPE) -> index keys bf16 [n, di]; `rotate(t)` applies group RoPE."""
+        return index_fp4_qdq(rotate(self.k_norm(self.wk(latent))))
+
+    def queries(self, qr: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """qr [T, q_lora] bf16, freqs (cos, sin) of the rows -> bf16 [T, Hi, di] on the FP4 grid."""
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        return self.query_quant(q, *freqs)
+
+    def head_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] bf16 -> bf16 [T, Hi]."""
+        return self.weights_proj(x) * self.weight_scale

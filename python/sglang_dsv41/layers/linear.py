@@ -6,8 +6,11 @@
   `scale` UE8M0 [N, K/32]; same MXFP8 activations (W4A8).
 * `BF16Linear`: plain bf16 GEMM (router, compressor ratio 1, indexer wk/weights_proj).
 Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
-The FP8 / MXFP4 GEMMs run through the kernel registry ops `fp8_linear` / `fp4_linear`
-(dsv41_kernels.gemm): the exact torch twins (`sglang_dsv41.quant`) on CPU, Triton on CUDA.
+
+Kernel slots: the GEMM of `FP8Linear` / `MXFP4Linear` is the class attribute `gemm`, the pure-torch
+`sglang_dsv41.quant` function. `kernel_slots` names the op that may replace it; a caller applies
+kernels to a built model (`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on
+the instance. Nothing here imports a kernel.
 """
 
 from __future__ import annotations
@@ -16,10 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The registry ops themselves (the same objects as dsv41_kernels.ops.fp8_linear / fp4_linear). Not
-# `from dsv41_kernels import ops`: ops imports kernel modules that import layer modules (a cycle).
-from dsv41_kernels import gemm as gemm_ops
-from sglang_dsv41.quant import dequant_fp8_weight
+from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
 
 
 ROW_TILE = 64
@@ -49,6 +49,9 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
 
 
 class FP8Linear(nn.Module):
+    kernel_slots = {"gemm": "fp8_linear"}
+    gemm = staticmethod(fp8_linear)  # (x, weight, scale, block) -> bf16
+
     def __init__(self, in_features: int, out_features: int, block: int = 32):
         super().__init__()
         self.in_features, self.out_features, self.block = in_features, out_features, block
@@ -56,7 +59,7 @@ class FP8Linear(nn.Module):
         self.scale = _param((-(-out_features // block), -(-in_features // block)), torch.float8_e8m0fnu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm_ops.fp8_linear(x, self.weight, self.scale, self.block)
+        return self.gemm(x, self.weight, self.scale, self.block)
 
     def dequantized(self) -> torch.Tensor:
         """bf16 [N, K] (exact: E4M3 x power of two fits bf16)."""
@@ -64,6 +67,9 @@ class FP8Linear(nn.Module):
 
 
 class MXFP4Linear(nn.Module):
+    kernel_slots = {"gemm": "fp4_linear"}
+    gemm = staticmethod(fp4_linear)  # (x, weight_packed, scale) -> bf16
+
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -71,7 +77,7 @@ class MXFP4Linear(nn.Module):
         self.scale = _param((out_features, in_features // 32), torch.float8_e8m0fnu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm_ops.fp4_linear(x, self.weight, self.scale)
+        return self.gemm(x, self.weight, self.scale)
 
 
 class BF16Linear(nn.Module):

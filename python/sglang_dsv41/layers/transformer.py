@@ -1,18 +1,31 @@
-"""The DeepSeek-V4.1 parameter tree: embed -> layers -> norm -> head, named as the checkpoint.
+"""The DeepSeek-V4.1 model: parameters named as the checkpoint, and the ONE forward.
 
-This module only holds parameters (plus the Engram token map); forwards live in
-`sglang_dsv41.reference.model` (full sequence, the oracle) and, later, the paged runtime.
+`DeepseekV41.forward(input_ids, kv, replay)` owns the layer loop for every caller:
+  reference.ReferenceModel   dense KV, whole sequence, inference mode (the oracle)
+  runtime.Runtime            paged KV over a packed batch (serving, the offline driver)
+  train (next)               dense KV with autograd
+Paper order: embed -> n identical mHC streams -> per layer [Engram] -> attention site -> MoE site
+(Block.forward, lagged mHC) -> collapse with the last `pre` -> final RMSNorm -> fp32 logits.
+Decoder tail replay (spec attention 7.2) is a property of this loop: at the last KV source, if the
+KV asks for it (`kv.tail_rows()`), that layer pools compressed KV for every row, then the forward
+narrows to the kept rows. Kernels are applied to a built model from outside (runtime/kernels.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sglang_dsv41.config import ModelConfig
+from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.block import Block
+from sglang_dsv41.layers.decisions import Decisions
+from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import fp32_linear
+from sglang_dsv41.layers.mhc import collapse, identity_pre
 from sglang_dsv41.layers.norm import RMSNorm
 
 
@@ -36,6 +49,15 @@ class Head(nn.Module):
         return fp32_linear(h, self.weight)
 
 
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor
+    """fp32 [R, vocab] for the KV's logits rows."""
+    positions: torch.Tensor
+    """int64 [R] absolute position of each logits row."""
+    decisions: Decisions
+
+
 class DeepseekV41(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -46,6 +68,7 @@ class DeepseekV41(nn.Module):
         self.head = Head(cfg.vocab_size, cfg.hidden_size)
         # Engram compressed-token map (token id -> class), from the tokenizer; not a checkpoint tensor.
         self.register_buffer("engram_token_map", torch.zeros(0, dtype=torch.int64), persistent=False)
+        self.hasher: EngramHasher | None = None
 
     def set_token_map(self, token_map: torch.Tensor) -> None:
         e = self.cfg.engram
@@ -56,3 +79,29 @@ class DeepseekV41(nn.Module):
                 f"is {e.compressed_vocab_size}"
             )
         self.engram_token_map = token_map.to(torch.int64).to(self.embed.weight.device)
+        self.hasher = EngramHasher(e, self.engram_token_map) if e is not None else None
+
+    def forward(self, input_ids: torch.Tensor, kv: KV, replay: Decisions | None = None) -> ForwardOutput:
+        """input_ids int64 [N] (the KV's rows, in its order) -> fp32 logits of `kv.logits_rows()`
+        plus the decisions taken (or forced from `replay`)."""
+        cfg, dec = self.cfg, Decisions()
+        if cfg.engram is not None and self.hasher is None:
+            raise RuntimeError("Engram model without a token map: call set_token_map (load_model does)")
+        hash_ids = kv.engram_ids(self.hasher, input_ids) if self.hasher is not None else None
+        streams = self.embed(input_ids).unsqueeze(1).repeat(1, cfg.hc.hc_mult, 1)  # [N, n, H]
+        pre = identity_pre(input_ids.numel(), cfg.hc.hc_mult, input_ids.device)
+        for layer in self.layers:
+            lid = layer.role.layer_id
+            if layer.engram is not None:
+                streams = layer.engram(streams, hash_ids[:, cfg.engram.layer_ids.index(lid)])
+            if lid == cfg.late_layer_start:
+                keep = kv.tail_rows()
+                if keep is not None:  # decoder tail: pool every row, then go on with the kept ones
+                    kv.store_compressed(layer.attn, layer.attn_input(streams, pre))
+                    kv.narrow(keep)
+                    streams, pre = streams[keep], pre[keep]
+                    hash_ids = hash_ids[keep] if hash_ids is not None else None
+            streams, pre = layer(streams, pre, kv, dec, replay)
+        rows = kv.logits_rows()
+        logits = self.head(self.norm(collapse(streams[rows], pre[rows])))
+        return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec)

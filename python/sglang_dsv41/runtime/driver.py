@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.runtime.batch import Batch
-from sglang_dsv41.runtime.model_runner import Runtime
+from sglang_dsv41.runtime.paged_runtime import Runtime
 from sglang_dsv41.runtime.pools import KVPools
 
 
@@ -50,13 +51,15 @@ class Sequence:
 
 class Driver:
     def __init__(self, model: DeepseekV41, max_tokens: int, max_requests: int, page_size: int = 64,
-                 device: str | torch.device = "cpu", poison: bool = False):
+                 device: str | torch.device = "cpu", poison: bool = False, ops=None):
+        """`ops`: the paged KV's op table (default: registry ops). Kernels for the model's own slots
+        are the caller's choice (`runtime.kernels.use_kernels`), as `main` does on CUDA."""
         self.model, self.device = model, device
         self.page_size = page_size
         num_slots = -(-max_tokens // page_size) * page_size + page_size
         self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison)
         self.alloc = PageAllocator(num_slots, page_size)
-        self.runtime = Runtime(model, self.pools)
+        self.runtime = Runtime(model, self.pools, ops)
         self.max_requests = max_requests
 
     def _table(self, seqs: list[Sequence], length: int) -> torch.Tensor:
@@ -72,7 +75,7 @@ class Driver:
 
     def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None):
         """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step);
-        `replay` (runtime.Replay) forces routing / top-k / candidate decisions for these rows."""
+        `replay` (Decisions) forces routing / top-k / candidate decisions for these rows."""
         ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
         table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
         batch = Batch.build(
@@ -97,7 +100,7 @@ class Driver:
         Cross-device comparison hooks (guides/numerics.md steps 2-3); the step schedule depends only
         on the prompts, `max_new` and `chunk`, so step i of two runs covers the same rows:
         `teacher[r]` is fed as request r's new tokens instead of the argmax (teacher forcing); `replays[i]`
-        (runtime.Replay) forces step i's decisions; `trace`, if a list, gets one `StepTrace` per step.
+        (Decisions) forces step i's decisions; `trace`, if a list, gets one `StepTrace` per step.
         """
         steps = iter(replays or ())
         if len(prompts) > self.max_requests:
@@ -150,14 +153,15 @@ class Driver:
     def _trace(trace: list | None, seqs, out) -> None:
         if trace is not None:
             cpu = lambda d: {k: v.cpu() for k, v in d.items()}  # noqa: E731
-            trace.append(StepTrace([s.req_slot for s in seqs], out.logits.float().cpu(), cpu(out.routed_experts),
-                                   cpu(out.topk), cpu(out.candidates)))
+            d = out.decisions
+            trace.append(StepTrace([s.req_slot for s in seqs], out.logits.float().cpu(), cpu(d.routed_experts),
+                                   cpu(d.topk), cpu(d.candidates)))
 
 
 @dataclass
 class StepTrace:
     """One forward of `Driver.generate`, on the CPU: which requests ran, the logits rows they sampled
-    from and the decisions of all the forward's rows (the fields of `runtime.Replay`)."""
+    from and the decisions of all the forward's rows (the fields of `Decisions`)."""
 
     req_slots: list[int]
     logits: torch.Tensor  # fp32 [len(req_slots), vocab]
@@ -165,10 +169,8 @@ class StepTrace:
     topk: dict[int, torch.Tensor]
     candidates: dict[int, torch.Tensor]
 
-    def replay(self):
-        from sglang_dsv41.runtime.model_runner import Replay
-
-        return Replay(self.routed_experts, self.topk, self.candidates)
+    def replay(self) -> Decisions:
+        return Decisions(self.routed_experts, self.topk, self.candidates)
 
 
 def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -180,6 +182,7 @@ def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[
 
 def main(argv: list[str] | None = None) -> None:
     from sglang_dsv41.checkpoint.loader import load_model
+    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
 
     ap = argparse.ArgumentParser(description="Offline prefill + greedy decode over the paged runtime.")
     ap.add_argument("--model", default="deepseek-v4.1-tiny")
@@ -193,8 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", help="write the generated token ids as json")
     a = ap.parse_args(argv)
     model = load_model(a.model, device=a.device, progress=False)
+    table = kernel_table(a.device)
+    use_kernels(model, table)
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
-    drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size, a.device)
+    drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size,
+                 a.device, ops=table)
     new, stats = drv.generate(prompts, a.decode, a.chunk)
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
     if a.out:

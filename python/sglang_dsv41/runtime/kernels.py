@@ -1,0 +1,55 @@
+"""Kernels as a transformation of a built model (layers never import kernels).
+
+A layer module that can delegate a piece of math declares `kernel_slots = {attribute: op name}`
+(FP8Linear / MXFP4Linear `gemm`, Indexer `query_quant` / `select_topk` / `select_candidates`,
+EngramTable `gather`, Engram `gate`, EngramHasher `window_hash`); its class attribute is the pure
+torch default. `use_kernels(model, table)` sets each slot on the instance to the table's op;
+`use_torch(model)` removes them again. The paged KV takes the same table for its pool ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv41_kernels.op_table import OpTable
+from dsv41_kernels.registry import all_ops, torch_forced
+from sglang_dsv41.layers.transformer import DeepseekV41
+
+
+def _slotted(model: DeepseekV41):
+    yield from (m for m in model.modules() if getattr(type(m), "kernel_slots", None))
+    if model.hasher is not None:
+        yield model.hasher
+
+
+def use_kernels(model: DeepseekV41, table: OpTable) -> DeepseekV41:
+    """Point every kernel slot of `model` at `table`'s op of that name. Returns the model.
+    Apply after loading (the Engram hasher exists once the token map is set)."""
+    for m in _slotted(model):
+        for attr, op in type(m).kernel_slots.items():
+            setattr(m, attr, getattr(table, op))
+    return model
+
+
+def use_torch(model: DeepseekV41) -> DeepseekV41:
+    """Undo `use_kernels`: every slot back to its pure-torch class default."""
+    for m in _slotted(model):
+        for attr in type(m).kernel_slots:
+            m.__dict__.pop(attr, None)
+    return model
+
+
+def kernel_table(device: torch.device | str) -> OpTable:
+    """The registry op table for `device`. On CUDA, an op whose Triton kernel could not be imported
+    raises here, naming the op and the import error, unless SGLANG_DSV41_TORCH_OPS forces it onto
+    its twin (then that choice is explicit)."""
+    if torch.device(device).type == "cuda":
+        missing = [
+            f"{name}: {getattr(op, 'kernel_error', None) or 'no Triton kernel registered'}"
+            for name, op in all_ops().items()
+            if op.triton is None and not torch_forced(name)
+        ]
+        if missing:
+            raise RuntimeError("Triton kernels unavailable on CUDA (set SGLANG_DSV41_TORCH_OPS to run twins):\n  "
+                               + "\n  ".join(missing))
+    return OpTable.kernels()
