@@ -8,11 +8,12 @@ Bandwidth, not latency. A program walks its R rows in segments of SEG elements; 
 elements x0 / x1, so that a quantization group is a (chunk, word) block, an FP4 byte is a pair and
 the group reductions of R independent rows overlap. Only segments that reach the RoPE dims (the last
 2 * RP) pay for the rotation; SEG trades lanes against RoPE work, and by default is the smallest that
-fills every lane (R * SEG / 8 >= 32 * num_warps). The window's RMSNorm statistic is the exact fp64
-sum of squares of `layers.norm`, taken in a first pass over the row (the second pass re-reads it from
-L1). Encoders (`triton_numerics`): hardware bf16 / e4m3 conversions, power-of-two reciprocals from
-the bits, and on the GPU the E2M1 rounding of two elements per f16x2 instruction; under the
-interpreter (or `portable=True`) the fp32 bit-level formulation of the same steps.
+fills every lane (R * SEG / 8 >= 32 * num_warps). The window's RMSNorm statistic is the fp32 sum of
+squares of `reduction.mean_square` in its fixed order (`triton_numerics.ordered_sumsq`), taken in a
+first pass over the row (the second pass re-reads it from L1). Encoders (`triton_numerics`):
+hardware bf16 / e4m3 conversions, power-of-two reciprocals from the bits, and on the GPU the E2M1
+rounding of two elements per f16x2 instruction; under the interpreter (or `portable=True`) the fp32
+bit-level formulation of the same steps.
 
   window KV       MXFP8: amax, UE8M0 scale, e4m3 of y * (1 / s)
   compressed KV   FP4 with e4m3 scales: RN(amax / 6) (an FMA-corrected product on the GPU), the code
@@ -39,11 +40,13 @@ from dsv41_kernels.triton_numerics import (
     index_fp4_qdq_f16x2,
     kv_fp4_byte_f16x2,
     next_pow2,
+    ordered_sumsq,
     pair_amax,
     pow2_ceil,
     rms_rstd,
     snap12,
 )
+from sglang_dsv41.reduction import cascade_step
 
 FAST = not INTERPRET
 """Hardware conversions on the GPU; the exact bit-level helpers under the interpreter."""
@@ -173,6 +176,7 @@ def _f16x2_bits(m2):
 def _window_kv_store_kernel(
     kv_ptr, kv_rs, w_ptr, cos_ptr, sin_ptr, cs_rs, slot_ptr, pool_ptr, pool_rs, eps, n,
     D: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, FAST: tl.constexpr,
+    SS_STEP: tl.constexpr,
 ):
     NP: tl.constexpr = D // 2
     NG: tl.constexpr = SEG // 32
@@ -183,16 +187,9 @@ def _window_kv_store_kernel(
     src = kv_ptr + rows[:, None, None, None]
     dst = pool_ptr + (slot * pool_rs)[:, None, None, None]
     cs = (r * cs_rs)[:, None, None, None]
-    # RMSNorm statistics (layers.norm): exact fp64 sum of squares, one rounding to fp32, fp32 rstd
-    ss = tl.zeros((R, NG, 4, 8), dtype=tl.float64)
-    for i in tl.static_range(0, DP // SEG):
-        col = _columns(i * SEG, SEG, 32)
-        if i * SEG + SEG > D:
-            x = tl.load(src + col, mask=row_ok & (col < D), other=0.0).to(tl.float64)
-        else:  # masked rows are not stored: their lanes may hold anything
-            x = tl.load(src + col, mask=row_ok).to(tl.float64)
-        ss = tl.fma(x, x, ss)  # the square is exact in fp64, so this is square-then-add
-    rstd = rms_rstd(tl.sum(tl.sum(tl.sum(ss, 3), 2), 1), D * 1.0, eps)[:, None, None, None]
+    # RMSNorm statistic (reduction.mean_square): fp32 sum of squares in the fixed order, fp32 rstd
+    ss = ordered_sumsq(kv_ptr + rows[:, None, None], (slot >= 0)[:, None, None], D, SS_STEP)
+    rstd = rms_rstd(ss, D * 1.0, eps)[:, None, None, None]
     for i in tl.static_range(0, DP // SEG):
         S0 = i * SEG
         if S0 < D:
@@ -339,7 +336,7 @@ def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: in
         w = w.clone()
     _window_kv_store_kernel[(triton.cdiv(n, rows),)](
         kv, kv.stride(0), w, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), float(eps), n,
-        **_meta(d, cos, rows, num_warps, seg, 32, portable),
+        SS_STEP=cascade_step(d // 32), **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
 
 

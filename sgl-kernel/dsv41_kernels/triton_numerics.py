@@ -6,7 +6,7 @@ interpreter (`TRITON_INTERPRET=1` truncates fp32 -> bf16 and decodes e4m3 NaN as
 source gives the same bytes in both. NaN rules follow `quant/fp8.py` and `quant/fp4.py`:
 comparisons with NaN are false, so clamps are written with `tl.where` (min/max would drop NaN).
 
-Kernels that call `rope` or `rms_rstd` must be launched with `enable_fp_fusion=False` (`NO_FMA`):
+Kernels that call `rope` or `ordered_sumsq` must be launched with `enable_fp_fusion=False` (`NO_FMA`):
 the twins round every product and sum separately.
 """
 
@@ -135,9 +135,59 @@ def rope_pairs(x0, x1, c, s):
 
 
 @triton.jit
-def rms_rstd(sumsq64, d, eps):
-    """fp64 sum of squares (exact for bf16 rows) -> fp32 rsqrt(fp32(sum) / d + eps) (layers.norm)."""
-    ms = tl.math.div_rn(sumsq64.to(tl.float32), d)
+def _pick(v, idx, i: tl.constexpr):
+    """v [R, 4|8, ...] -> v[:, i] as [R, ...]: a sum of one value and zeros, hence exact."""
+    return tl.sum(tl.where(idx == i, v, 0.0), axis=1)
+
+
+@triton.jit
+def ordered_sumsq(src, ok, D: tl.constexpr, STEP: tl.constexpr):
+    """Sum of squares of D bf16/fp32 elements per row in the fixed order of
+    `sglang_dsv41.reduction.ordered_sum` (= torch CPU `x.float().square().sum(-1)` under
+    ATEN_CPU_CAPABILITY=default). src: pointer [R, 1, 1] to each row's first element (unit stride),
+    ok [R, 1, 1] (masked rows read zeros); D % 32 == 0; STEP = reduction.cascade_step(D // 32).
+    -> fp32 [R]. Row i of 32 elements is a [4, 8] tile (ilp column k, lane l) = s[32i + 8k + l]; rows
+    are added in the cascade of chunks of STEP, then the 4 columns in order, then the 8 lanes in order.
+    Launch with NO_FMA (the squares of fp32 inputs round before the add)."""
+    tl.static_assert(D % 32 == 0)
+    NROWS: tl.constexpr = D // 32
+    FULL: tl.constexpr = NROWS // STEP
+    col = (tl.arange(0, 4)[:, None] * 8 + tl.arange(0, 8)[None, :])[None]  # [1, 4, 8]
+    zero = tl.zeros(col.shape, tl.float32) + tl.zeros(ok.shape, tl.float32)  # [R, 4, 8]
+    a1 = zero
+    a2 = zero
+    a3 = zero
+    for c in tl.static_range(FULL):
+        a0 = zero
+        for j in tl.static_range(STEP):
+            x = tl.load(src + (c * STEP + j) * 32 + col, mask=ok, other=0.0).to(tl.float32)
+            a0 = a0 + x * x
+        a1 = a1 + a0
+        if ((c + 1) * STEP) % (STEP * STEP) == 0:
+            a2 = a2 + a1
+            a1 = zero
+            if ((c + 1) * STEP) % (STEP * STEP * STEP) == 0:
+                a3 = a3 + a2
+                a2 = zero
+    a0 = zero
+    for r in tl.static_range(FULL * STEP, NROWS):
+        x = tl.load(src + r * 32 + col, mask=ok, other=0.0).to(tl.float32)
+        a0 = a0 + x * x
+    acc = ((a0 + a1) + a2) + a3  # [R, 4, 8]
+    k = tl.arange(0, 4)[None, :, None]
+    v = ((_pick(acc, k, 0) + _pick(acc, k, 1)) + _pick(acc, k, 2)) + _pick(acc, k, 3)  # [R, 8]
+    lane = tl.arange(0, 8)[None, :]
+    total = _pick(v, lane, 0)
+    for i in tl.static_range(1, 8):
+        total = total + _pick(v, lane, i)
+    return total
+
+
+@triton.jit
+def rms_rstd(sumsq, d, eps):
+    """fp32 sum of squares (`ordered_sumsq`) -> fp32 rsqrt(sumsq / d + eps), the IEEE division of
+    reduction.mean_square then layers.norm's rsqrt."""
+    ms = tl.math.div_rn(sumsq, d)
     return tl.math.rsqrt(ms + eps)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.layers.linear import fp32_linear
+from sglang_dsv41.reduction import mean_square
 
 
 def sinkhorn(c: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -58,7 +59,7 @@ def mix_stats(
     """streams [T, n, H] -> (pre [T,n], post [T,n], comb [T,n,n]), fp32, for one site's params."""
     n = streams.size(1)
     x = streams.flatten(1).float()
-    mix = fp32_linear(x, fn) * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm_eps)
+    mix = fp32_linear(x, fn) * torch.rsqrt(mean_square(x) + norm_eps)
     pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + hc_eps
     post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     c = (mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))
