@@ -1,6 +1,6 @@
 """Triton block-scaled GEMMs for Hopper (sm_90): MXFP8 activations x FP8 / MXFP4 weights.
 
-Two kernels per call, the structure of the twins (`sglang_dsv41.quant.blockwise_scaled_mm`):
+Two kernels per call, the structure of the twins (`dsv41_kernels.gemm`, docs/numerics.md):
 1. `_mxfp8_quant_kernel`: x [M, K] -> q e4m3 [M, K] + scales fp32 [K/32, M] (transposed, so that the
    GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise.
 2. `_scaled_mm_kernel`: per [BM, BN] output tile, for each 32-wide K block kb in K order:
@@ -13,7 +13,10 @@ Two kernels per call, the structure of the twins (`sglang_dsv41.quant.blockwise_
    value is exact in E4M3), then the same fp8 dot.
 No split-K and the same per-element arithmetic in every tile config: an output element depends only
 on its own row of x and column of w (batch invariant). The only difference from the twin is the
-tensor core's 32-term partial, which is not exact (test/kernels/test_gemm_gpu.py states the bound).
+32-term partial: the twin adds the 32 exact products one by one in K order in fp32 (DeepSeek's CPU
+reference order), the tensor core in its own internal order and width, like DeepSeek's GPU kernel
+(test/kernels/test_gemm_gpu.py states the bound). Reproducing the sequential order here would take
+the partials off the tensor cores.
 """
 
 from __future__ import annotations
