@@ -41,7 +41,7 @@ class Attention(nn.Module):
         self.kv_norm = RMSNorm(a.head_dim, eps)
         self.wo_a = FP8Linear(a.n_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank, blk)
         self.wo_b = FP8Linear(a.o_groups * a.o_lora_rank, H, blk)
-        self.attn_sink = nn.Parameter(torch.zeros(a.n_heads), requires_grad=False)
+        self.attn_sink = nn.Parameter(torch.zeros(a.n_heads, dtype=torch.float32), requires_grad=False)
         self.rotary = Rotary(cfg, role.rope_kind)
         if role.is_kv_source:
             self.compressor = Compressor(cfg, role.compress_ratio)

@@ -33,9 +33,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.ffn = MoE(cfg)
         for site in ("attn", "ffn"):
-            self.register_parameter(f"hc_{site}_fn", nn.Parameter(torch.zeros(hc.mix_dim, hc.hc_mult * H), requires_grad=False))
-            self.register_parameter(f"hc_{site}_base", nn.Parameter(torch.zeros(hc.mix_dim), requires_grad=False))
-            self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.zeros(3), requires_grad=False))
+            self.register_parameter(f"hc_{site}_fn", nn.Parameter(torch.zeros(hc.mix_dim, hc.hc_mult * H, dtype=torch.float32), requires_grad=False))
+            self.register_parameter(f"hc_{site}_base", nn.Parameter(torch.zeros(hc.mix_dim, dtype=torch.float32), requires_grad=False))
+            self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.zeros(3, dtype=torch.float32), requires_grad=False))
 
     def hc_mix(self, site: str, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(pre, post, comb) of site 'attn' or 'ffn' computed from that site's input streams."""

@@ -23,7 +23,7 @@ class Gate(nn.Module):
         m = cfg.moe
         self.topk, self.route_scale, self.norm_topk_prob = m.n_activated_experts, m.route_scale, m.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(m.n_routed_experts, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(m.n_routed_experts), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(m.n_routed_experts, dtype=torch.float32), requires_grad=False)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] bf16 -> fp32 [T, E] sqrtsoftplus scores (softplus is z for z > 20)."""
