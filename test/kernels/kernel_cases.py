@@ -255,7 +255,7 @@ def gemm_rows(m: int, k: int, g: torch.Generator, special: bool, inf: bool = Fal
 
 def gemm_slack(x: torch.Tensor, w_dq: torch.Tensor) -> torch.Tensor:
     """fp64 [..., N] absolute slack of the fp8 GEMM comparison: 2^-8 x sum_k |x_dq[k] w_dq[n, k]|
-    (x_dq = MXFP8 round trip of x). Why: the twin sums each 32-wide block partial exactly; the
+    (x_dq = MXFP8 round trip of x). Why: the twin adds each 32-wide block partial's products in K order; the
     tensor core keeps about 13-14 bits of the aligned 32-term sum (DeepSeek-V3 report: "around 14
     bits" for Hopper FP8 MMA), so each partial may be off by up to 32 x 2^-13 of its largest term,
     <= 2^-8 of the block's sum of |products| (in practice ~2^-14 of it). The scale products and the

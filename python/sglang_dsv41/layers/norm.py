@@ -1,5 +1,6 @@
 """RMSNorm with fp32 statistics (the reference's rounding: normalise in fp32, multiply by the weight
-in fp32, one cast back to the input dtype); the mean square is order-independent (see rms_norm)."""
+in fp32, one cast back to the input dtype). The mean square is `reduction.mean_square`: DeepSeek's fp32
+summation order written out, the same on every device and batch (docs/numerics.md)."""
 
 from __future__ import annotations
 

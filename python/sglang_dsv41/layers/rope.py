@@ -2,11 +2,12 @@
 
 Pairs (x[2i], x[2i+1]) of the last `rope_head_dim` dims rotate by pos * theta_i. Ratio-0 layers use
 `rope_theta` without YaRN; compressed layers use `compress_rope_theta` with YaRN. Angles are
-fp32(pos) * fp32(theta_i); cos/sin tables are fp32 [T, rd/2]. The rotation is written out as
+fp32(pos) * fp32(theta_i); cos/sin tables are fp32 [T, rd/2], taken from `torch.polar` on the CPU as
+DeepSeek's `precompute_freqs_cis` does. The rotation is written out as
 y0 = x0*c - x1*s, y1 = x0*s + x1*c in fp32 (each product and sum rounded separately, no FMA), then
-rounded once to the input dtype. DeepSeek's reference uses a complex64 multiply: same math, and the
-two can differ by an fp32 ulp before the bf16 rounding; the explicit form is what kernels reproduce
-bit for bit (they read the same cos/sin tables and disable FMA contraction).
+rounded once to the input dtype. DeepSeek's reference uses a complex64 multiply: the same four
+products and two sums, bitwise equal on the CPU; the explicit form is what kernels reproduce bit for
+bit (they read the same cos/sin tables and disable FMA contraction).
 """
 
 from __future__ import annotations
@@ -58,9 +59,14 @@ class Rotary:
 
 
 def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions int [T], inv_freq fp32 [rd/2] -> (cos, sin) fp32 [T, rd/2]."""
-    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(positions.device)
-    return torch.cos(angles), torch.sin(angles)
+    """positions int [T], inv_freq fp32 [rd/2] -> (cos, sin) fp32 [T, rd/2] on the positions' device.
+
+    DeepSeek's tables: fp32 angles, then `torch.polar` on the CPU (its cos/sin round differently
+    from `torch.cos` / `torch.sin` in a few % of the entries). Built on the CPU on every device, so
+    every device and kernel reads the same table bits (docs/numerics.md)."""
+    angles = positions.cpu().to(torch.float32).unsqueeze(-1) * inv_freq.cpu()
+    f = torch.polar(torch.ones_like(angles), angles)
+    return f.real.contiguous().to(positions.device), f.imag.contiguous().to(positions.device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
