@@ -2,17 +2,16 @@
 
 Both quantize the activations to MXFP8 (E4M3 + power-of-two scale per 1x32 group, `mxfp8_quant`)
 and compute, in fp32 (docs/numerics.md, "GEMM block partials"):
-    p[kb]  = +0, then the 32 products q[m, k] * w[n, k] of block kb added one by one in K order
+    p[kb]  = the exact sum of the 32 products q[m, k] * w[n, k] of block kb, rounded once to fp32
     acc    = +0, then for kb in K order: acc = acc + (p[kb] * a_scale[m, kb]) * w_scale[n, kb]
 and round acc to bf16 once. Weight scales:
   fp8_linear  w e4m3 [N, K], w_scale e8m0/uint8 [ceil(N/32), K/32] (one per 32x32 tile)
   fp4_linear  w_packed uint8/int8 [N, K/2] (E2M1, low nibble = even element), w_scale [N, K/32]
 
 The twins here are the kernel package's own formulation of that math, independent of
-`sglang_dsv41.quant.blockwise_scaled_mm` (which the layers use): they run the definition literally,
-as 32 rank-1 updates (one per position j inside a block, every block and row at once), while the
-layers' version takes exact float64 block sums where no fp32 add can round and runs the loop only
-for the rest. Every product of two E4M3 (or E2M1 x E4M3) values is exact in fp32, so both give the
+`sglang_dsv41.quant.blockwise_scaled_mm` (which the layers use): their own E2M1 decode and a
+float64 einsum per block (products of E4M3 / E2M1 values and their 32-term sums are exact in
+float64, so any order gives the same partial), where the layers use a batched bmm. Both give the
 same bits (test/core/test_reduction_order.py). Only storage formats come from `sglang_dsv41.quant`.
 
 The Triton kernels use the fp8 tensor cores for the 32-term partials (like DeepSeek's own GPU
@@ -44,7 +43,7 @@ def _e2m1_decode(packed: torch.Tensor) -> torch.Tensor:
 
 def _scaled_mm(q: torch.Tensor, q_scale: torch.Tensor, wv: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     """q fp32 [M, K] (E4M3 values), q_scale fp32 [M, K/32]; wv fp32 [N, K], w_scale fp32 [N, K/32]
-    -> fp32 [M, N], the definition run literally."""
+    -> fp32 [M, N] (exact block partials, scaled, added in K order)."""
     m, k = q.shape
     n = wv.shape[0]
     nb = k // BLOCK
@@ -54,9 +53,8 @@ def _scaled_mm(q: torch.Tensor, q_scale: torch.Tensor, wv: torch.Tensor, w_scale
     step = max(1, _PASS_ELEMS // max(1, m * n))
     for b0 in range(0, nb, step):
         b1 = min(nb, b0 + step)
-        p = torch.zeros(b1 - b0, m, n, dtype=torch.float32, device=q.device)
-        for j in range(BLOCK):  # p[kb] += q[:, kb*32+j] (x) w[:, kb*32+j]: exact product, one rounding
-            p.addcmul_(qb[b0:b1, j, :, None], wb[b0:b1, j, None, :])
+        # exact block sums in float64 (at most 32 products of <= 8 significant bits), one rounding
+        p = torch.einsum("bjm,bjn->bmn", qb[b0:b1].double(), wb[b0:b1].double()).float() + 0.0
         p = p * q_scale[:, b0:b1].t()[:, :, None]
         p = p * w_scale[:, b0:b1].t()[:, None, :]
         for i in range(b1 - b0):

@@ -168,77 +168,34 @@ def dequant_engram_rows(w: torch.Tensor, s: torch.Tensor, group: int = MX_BLOCK)
     return (w.to(torch.float32) * sf).to(torch.bfloat16)
 
 
-def _inv_lsb_bound(v: torch.Tensor) -> torch.Tensor:
-    """fp32 values with at most 4 significant bits and no fp32 subnormals (E4M3 / E2M1 values)
-    -> float64 8 / 2**floor(log2|v|) >= 2**-lsb(v) (v is a multiple of 2**lsb); 0 for zeros."""
-    top = (v.view(torch.int32) & 0x7F800000).view(torch.float32).double()  # 2**floor(log2|v|), 0 for 0
-    return torch.where(top > 0, 8.0 / top, 0.0)
-
-
-def block_partials(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
-    """Unscaled K-block partials in the fixed fp32 order. a3 fp32 [KB, M, block], b3 fp32
-    [KB, N, block] -> fp32 [KB, M, N] with, for every block and (m, n):
-
-        p = +0; for j in 0 .. block-1: p = fp32(p + a3[kb, m, j] * b3[kb, n, j])
-
-    i.e. the block's products added one by one in K order from +0 (DeepSeek's CPU reference: its
-    fp32 `a_blk @ b_blk.T` adds them in this order for M >= 2). Precondition: a3 and b3 hold E4M3 /
-    E2M1 values (at most 4 significant bits, no fp32 subnormals), so every product is exact in fp32
-    and fusing it into the add (FMA) or not gives the same bits: only the order of the adds matters.
-
-    Computed exactly, not by emulating every add: in float64 the block sums S = sum_j p_j and
-    T = sum_j |p_j| are exact (<= 41 significant bits). Every p_j is a multiple of 2**G (G: the
-    smallest lsb exponent among the products), hence so is every prefix sum, whose magnitude is at
-    most T: if T < 2**(G + 24) every prefix sum is an fp32 number, the fp32 loop never rounds, and it
-    returns S (as +0 when S == 0). With U = sum_j ua_j * ub_j >= 2**-G (ua = `_inv_lsb_bound`, also a
-    float64 GEMM), `T * U < 2**24` is sufficient. The other (kb, m, n) (a few percent on model
-    activations) run the fp32 loop above literally.
-    """
-    blk = a3.shape[-1]
-    a64, b64 = a3.double(), b3.double()
-    s = torch.bmm(a64, b64.transpose(1, 2))
-    t = torch.bmm(a64.abs(), b64.abs().transpose(1, 2))
-    u = torch.bmm(_inv_lsb_bound(a3), _inv_lsb_bound(b3).transpose(1, 2))
-    part = s.float() + 0.0  # -0 -> +0, like the loop's zero start
-    kb, m, n = part.shape
-    hit = (t * u >= 2.0**24).view(-1).nonzero().squeeze(1)  # NaN compares False: S is NaN there too
-    if hit.numel():
-        ia = (hit // (m * n)) * m + (hit // n) % m  # rows of a3 / b3 flattened to [KB * M | N, block]
-        ib = (hit // (m * n)) * n + hit % n
-        p = a3.reshape(kb * m, blk).index_select(0, ia) * b3.reshape(kb * n, blk).index_select(0, ib)
-        p = p.t().contiguous()  # [block, R], exact products
-        acc = torch.zeros(p.shape[1], dtype=torch.float32, device=p.device)
-        for j in range(blk):
-            acc = acc + p[j]
-        part.view(-1)[hit] = acc
-    return part
-
-
 def blockwise_scaled_mm(
     a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor, block: int = MX_BLOCK
 ) -> torch.Tensor:
-    """Block-scaled GEMM accumulation in DeepSeek's reference order, fp32 throughout.
+    """Block-scaled GEMM accumulation, fp32, in a fixed order (docs/numerics.md, "GEMM block partials").
 
-    a: fp32 [M, K] unscaled quantized values; a_s: fp32 [M, K/block];
-    b: fp32 [N, K]; b_s: fp32 [N, K/block]. Returns fp32 [M, N]:
+    a: fp32 [M, K] unscaled quantized values (E4M3); a_s: fp32 [M, K/block];
+    b: fp32 [N, K] (E4M3 or E2M1 values); b_s: fp32 [N, K/block]. Returns fp32 [M, N]:
         acc = +0
         for kb in K order:
-            p   = block partial (`block_partials`: the block's products added one by one in K order)
+            p   = fp32(exact sum of the block's 32 products)     (one rounding)
             acc = fp32(acc + fp32(fp32(p * a_s[m, kb]) * b_s[n, kb]))
-    exactly the operations of DeepSeek's `_block_scaled_gemm` (kernel_cpu.py) for M >= 2. The
-    order is fixed by definition, so a row's result does not depend on the batch, the device or
-    the kernel (docs/numerics.md).
+    Every product of E4M3 x E4M3 (or E2M1 x E4M3) values is exact and a 32-term sum of them is exact
+    in float64, so the partial does not depend on any kernel's order: a row's result is independent
+    of the batch and the device. DeepSeek's CPU forward adds each block's products one by one in fp32
+    instead; the two differ only in a block whose running sum needs more than 24 bits (about 1% of
+    blocks on model activations), at the last bit of that partial. Emulating the sequential adds
+    exactly costs ~20x on the CPU, so the exact partial is our fixed order.
     """
     m, k = a.shape
     n = b.shape[0]
     nblk = k // block
     a3 = a.view(m, nblk, block).transpose(0, 1)  # [KB, M, block]
-    b3 = b.view(n, nblk, block).transpose(0, 1)  # [KB, N, block]
+    b3 = b.view(n, nblk, block).permute(1, 2, 0)  # [KB, block, N]
     acc = torch.zeros(m, n, dtype=torch.float32, device=a.device)
-    chunk = max(1, (1 << 20) // max(1, m * n))  # blocks per pass: [chunk, M, N] partials
+    chunk = max(1, (1 << 22) // max(1, m * n))  # blocks per pass: [chunk, M, N] partials
     for c0 in range(0, nblk, chunk):
         c1 = min(nblk, c0 + chunk)
-        part = block_partials(a3[c0:c1], b3[c0:c1])
+        part = torch.bmm(a3[c0:c1].double(), b3[c0:c1].double()).float() + 0.0  # exact, one rounding; -0 -> +0
         part = part * a_s[:, c0:c1].t().unsqueeze(-1) * b_s[:, c0:c1].t().unsqueeze(1)
         for i in range(c1 - c0):
             acc += part[i]
