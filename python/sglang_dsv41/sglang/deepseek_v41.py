@@ -44,15 +44,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.cfg = _model_config(config)
         # SGLang constructs the model inside `with torch.device(target)`; weights go there at load.
         self.device = torch.get_default_device()
-        # SGLang builds under its default dtype (bf16); our modules choose their dtypes explicitly and
-        # any derived fp32 table must stay fp32. Parameters come from the checkpoint (load_weights).
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float32)
-        try:
-            with torch.device("meta"):
-                self.model = DeepseekV41(self.cfg)
-        finally:
-            torch.set_default_dtype(prev)
+        # SGLang builds under its default dtype (bf16); every parameter of our modules names its dtype
+        # explicitly, so the default does not matter. Parameters come from the checkpoint (load_weights).
+        with torch.device("meta"):
+            self.model = DeepseekV41(self.cfg)
         self.logits_processor = LogitsProcessor(config)
         self.runtime: Runtime | None = None
         self.store: TokenStore | None = None
@@ -108,7 +103,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
         req_to_token = get_req_to_token_pool().req_to_token
         out = runtime.forward(build_batch(fb, req_to_token, self.store, self.history_width, plan.rows))
-        self._capture_routed_experts(out.routed_experts)
+        self._capture_routed_experts(out.decisions.routed_experts)
         # Runtime.forward runs under inference_mode; SGLang's sampler scales logits in place outside
         # it, which an inference tensor refuses. A copy (rows x vocab) is a normal tensor.
         logits = out.logits.clone()
