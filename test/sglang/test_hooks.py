@@ -11,7 +11,7 @@ import torch
 
 from sglang_dsv41.sglang import hooks
 from sglang_dsv41.sglang.forward import TokenStore, plan_logits
-from sglang_dsv41.sglang.server_args import ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
+from sglang_dsv41.sglang.server_args import ARCHITECTURE, _flag_errors, resolve_model_name, v41_defaults, validate_flags
 
 
 @pytest.mark.parametrize("hook", hooks.HOOKS, ids=lambda h: h.target.rsplit(".", 1)[-1])
@@ -48,6 +48,25 @@ def test_model_class_registered_from_external_package():
     from sglang.srt.models.registry import import_model_classes
 
     assert ARCHITECTURE in import_model_classes(hooks.EXTERNAL_PACKAGE)
+
+
+def test_platform_class_is_built_once_without_module_state():
+    from sglang_dsv41.sglang import platform
+
+    cls = platform.Dsv41CpuPlatform
+    assert cls is platform.Dsv41CpuPlatform and cls.__name__ == "Dsv41CpuPlatform"
+    assert "Dsv41CpuPlatform" not in vars(platform)  # memoized by the builder, not written into globals()
+
+
+def test_install_keeps_no_state(monkeypatch):
+    """install() registers every group each time it is called (SGLang's load_plugins runs it once per process)."""
+    calls = []
+    for name in ("_install_model_package", "_install_architecture_hook", "_install_server_arg_hooks",
+                 "_install_model_name_check", "_install_cpu_host_alloc"):
+        monkeypatch.setattr(hooks, name, lambda name=name: calls.append(name))
+    hooks.install()
+    hooks.install()
+    assert len(calls) == 10 and "_installed" not in vars(hooks)
 
 
 def test_platform_never_claims_a_cuda_machine(monkeypatch):
@@ -89,7 +108,12 @@ def test_rejected_flags_name_the_flag(field, value, flag):
 
 @pytest.mark.parametrize("on_cpu", [True, False])
 def test_return_routed_experts_accepted(on_cpu):
-    validate_flags(SimpleNamespace(enable_return_routed_experts=True), on_cpu=on_cpu)
+    """The flag is served on every device: it raises no error, while a rejected flag next to it still does."""
+    assert _flag_errors(SimpleNamespace(enable_return_routed_experts=True), on_cpu) == []
+    both = SimpleNamespace(enable_return_routed_experts=True, enable_hisparse=True)
+    assert [flag for flag, _ in _flag_errors(both, on_cpu)] == ["--enable-hisparse"]
+    with pytest.raises(ValueError, match="--enable-hisparse"):
+        validate_flags(both, on_cpu=on_cpu)
 
 
 def test_routed_experts_capturer_on_cpu(monkeypatch):
@@ -124,7 +148,7 @@ def test_routed_experts_capturer_on_cpu(monkeypatch):
 
 
 def test_defaults():
-    validate_flags(SimpleNamespace(pp_size=1, enable_decoder_swa_bounded_replay=None), on_cpu=True)
+    assert _flag_errors(SimpleNamespace(pp_size=1, enable_decoder_swa_bounded_replay=None), on_cpu=True) == []
     assert v41_defaults(None, {}, on_cpu=True) == {"page_size": 64}
     assert v41_defaults(None, {"page_size": 256}, on_cpu=False) == {}
     with pytest.raises(ValueError, match="--page-size"):

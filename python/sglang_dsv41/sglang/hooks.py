@@ -37,8 +37,8 @@ HOOKS = (
          "the step names we wrap (handle_model_source_paths, handle_missing_default_values) must stay "
          "overridable."),
     Hook("sglang.srt.arg_groups.model_override_base.register_model_override",
-         "per-architecture provider for DeepseekV41ForCausalLM: page size, chunked prefill, text-only, "
-         "and startup errors naming rejected flags."),
+         "per-architecture provider for DeepseekV41ForCausalLM: page size 64 when unset, even page sizes "
+         "only, and startup errors naming rejected flags (server_args.py)."),
     Hook("sglang.srt.models.registry.import_model_classes",
          "SGLANG_EXTERNAL_MODEL_PACKAGE (set by the plugin) makes the registry import our package and "
          "defer the in-tree model zoo; if the registry was imported first, we add our class directly."),
@@ -219,15 +219,9 @@ def _install_server_arg_hooks() -> None:
     register_model_override(ARCHITECTURE)(v41_overrides)
 
 
-_installed = False
-
-
 def install() -> None:
-    """Apply every hook (idempotent). Called by the general plugin in each SGLang process."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
+    """Register every hook. Called by the general plugin; SGLang's `load_plugins()` runs each plugin once
+    per process (it guards itself) and then applies the HookRegistry hooks."""
     _install_model_package()
     _install_architecture_hook()
     _install_server_arg_hooks()

@@ -11,6 +11,7 @@ takes over a CUDA (or ROCm / XPU) machine.
 
 from __future__ import annotations
 
+import functools
 import os
 
 DEFAULT_CPU_MAX_TOTAL_TOKENS = 32768
@@ -35,7 +36,9 @@ def activate() -> str | None:
     return "sglang_dsv41.sglang.platform:Dsv41CpuPlatform"
 
 
+@functools.cache
 def _platform_class():
+    """The platform class, built once (the same class object for every lookup)."""
     from sglang.srt.platforms.cpu import CpuDeviceMixin
     from sglang.srt.platforms.interface import PlatformCapabilities, PlatformEnum, SRTPlatform
 
@@ -72,7 +75,5 @@ def __getattr__(name: str):
     # SGLang loads "module:Dsv41CpuPlatform" after activate(); build it lazily so importing this
     # module (entry-point discovery) never imports SGLang's platform package.
     if name == "Dsv41CpuPlatform":
-        cls = _platform_class()
-        globals()[name] = cls
-        return cls
+        return _platform_class()
     raise AttributeError(name)
