@@ -58,15 +58,25 @@ def test_platform_class_is_built_once_without_module_state():
     assert "Dsv41CpuPlatform" not in vars(platform)  # memoized by the builder, not written into globals()
 
 
-def test_install_keeps_no_state(monkeypatch):
-    """install() registers every group each time it is called (SGLang's load_plugins runs it once per process)."""
+@pytest.mark.parametrize("front_end", [True, False])
+def test_install_registers_request_validation_only_in_the_front_end(monkeypatch, front_end):
+    """install() keeps no state of its own; the request-validation hooks (which import the HTTP server)
+    are registered only where the HTTP server and tokenizer manager run."""
     calls = []
     for name in ("_install_model_package", "_install_architecture_hook", "_install_server_arg_hooks",
-                 "_install_model_name_check", "_install_cpu_host_alloc"):
+                 "_install_admission_check", "_install_cpu_host_alloc", "_install_request_validation"):
         monkeypatch.setattr(hooks, name, lambda name=name: calls.append(name))
+    monkeypatch.setattr(hooks, "_front_end_process", lambda: front_end)
     hooks.install()
-    hooks.install()
-    assert len(calls) == 10 and "_installed" not in vars(hooks)
+    assert ("_install_request_validation" in calls) == front_end
+    assert "_install_admission_check" in calls and "_installed" not in vars(hooks)
+
+
+def test_every_registered_target_is_listed():
+    """The install code names its HookRegistry targets only through HOOKS (so the test above covers them)."""
+    for suffix in ("._validate_request", ".generate_contract_error", "._validate_one_request", "._tokenize_texts",
+                   ".validate_input_length", "._setup_and_run_http_server", ".get_global_state"):
+        assert hooks._targets(suffix), suffix
 
 
 def test_platform_never_claims_a_cuda_machine(monkeypatch):

@@ -94,6 +94,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         fb = forward_batch
         if fb.forward_mode.is_idle() or fb.batch_size == 0 or input_ids.numel() == 0:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size, device=input_ids.device))
+        self._check_ids(input_ids, fb)
         runtime = self._ensure_runtime(fb)
         meta = LogitsMetadata.from_forward_batch(fb)
         if fb.forward_mode.is_decode():
@@ -124,6 +125,18 @@ class DeepseekV41ForCausalLM(nn.Module):
         output = LogitsProcessorOutput(next_token_logits=sampled)
         result.write_input_to(output)
         return output
+
+    def _check_ids(self, input_ids: torch.Tensor, fb) -> None:
+        """Token ids outside [0, vocab) would index past the embedding (and the Engram token map).
+        Request validation (validation.py) refuses them before the scheduler; this is the last line:
+        one reduction and one host sync per forward. SGLang's scheduler cannot abort one request from
+        inside a forward, so the error names the batch's requests and ends the scheduler."""
+        vocab = self.cfg.vocab_size
+        bad = (input_ids < 0) | (input_ids >= vocab)
+        if bool(bad.any()):
+            ids = input_ids[bad][:8].tolist()
+            raise ValueError(f"DeepseekV41ForCausalLM: token ids {ids} outside [0, {vocab}) reached the forward "
+                             f"(requests {getattr(fb, 'rids', None)}); request validation should have refused them")
 
     def _capture_routed_experts(self, routed: dict[int, torch.Tensor]) -> None:
         from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer

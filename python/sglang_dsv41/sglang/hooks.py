@@ -2,17 +2,36 @@
 
 Each entry of `HOOKS` names the SGLang object it touches and why; `install()` applies them and
 `test/sglang/test_hooks.py` fails loudly when a target moves. Public plugin APIs (resolution-hook and
-model-override registries, HookRegistry) are preferred; the only wrap of a plain function is the
-architecture rewrite below, and the only write into an SGLang table is the CPU host allocator.
+model-override registries, HookRegistry) are preferred. HookRegistry wraps plain functions in three
+places (the architecture rewrite, the `/generate` contract check and the scheduler's admission check),
+methods of the OpenAI serving classes and the tokenizer manager for request validation (validation.py
+holds the rules), and the only writes into SGLang tables are the CPU host allocator and the HTTP app's
+error handlers (through FastAPI's `add_exception_handler`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass
 
 from sglang_dsv41.sglang.server_args import ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
+from sglang_dsv41.sglang.validation import (
+    OFF_LOOP_TOKENIZE_CHARS,
+    Limits,
+    RequestError,
+    admitted_error,
+    chat_request_error,
+    completion_request_error,
+    detokenize_request_error,
+    generate_body_error,
+    request_texts,
+    text_bytes_error,
+    tokenized_error,
+    tokenizer_facts,
+    validation_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +64,31 @@ HOOKS = (
     Hook("sglang.srt.models.registry.ModelRegistry",
          "fallback registration target (ModelRegistry.models[arch] = class)."),
     Hook("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
-         "AFTER hook: SGLang ignores the request's `model`; a name this server does not serve becomes a 4xx."),
+         "AFTER hook: SGLang ignores the request's `model`; a name this server does not serve becomes a 4xx. "
+         "Then the completions rules of validation.py (prompt ids, n, logprobs, stop ids, logit bias)."),
     Hook("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
-         "AFTER hook: same model-name check for chat completions."),
+         "AFTER hook: the same model-name check, then the chat rules (max_tokens >= 1, n, top_logprobs, "
+         "text-only content)."),
+    Hook("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
+         "AFTER hook (on the inherited no-op): `/detokenize` ids must be ids of the tokenizer (a 500 before)."),
+    Hook("sglang.srt.entrypoints.api_contract.generate_contract_error",
+         "AFTER hook: `/generate` answers a non-None result with a 400 before streaming starts; we add the "
+         "native endpoint's rules (ids, max_new_tokens >= 1, n, top_logprobs_num, text budget)."),
+    Hook("sglang.srt.entrypoints.http_server.get_global_state",
+         "read: the tokenizer manager (vocabulary, context) for the `/generate` rules."),
+    Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+         "AFTER hook: every generate request after tokenization, from every entry point: ids in range, "
+         "non-empty, top logprobs <= vocab, top_k, logit bias, stop ids, text-only."),
+    Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_texts",
+         "AROUND hook: refuse a text whose byte size proves it exceeds the context, and tokenize large texts "
+         "in a worker thread so the event loop keeps serving other clients."),
+    Hook("sglang.srt.managers.utils.validate_input_length",
+         "AFTER hook: the scheduler's per-request admission check; an error string aborts that request "
+         "alone (Req.set_finish_with_abort). We add the rules whose breach ends the scheduler: ids in range, "
+         "non-empty, top logprobs <= vocab, top_k in int32, logit bias and stop ids."),
+    Hook("sglang.srt.entrypoints.http_server._setup_and_run_http_server",
+         "BEFORE hook: register our error handlers on the app: malformed requests (SGLang's handler echoes "
+         "the endpoint's file path and line) and exceptions escaping body validation (Starlette's 500)."),
     Hook("sglang.srt.mem_cache.pool_host.common.ALLOC_MEMORY_FUNCS",
          "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with "
@@ -92,15 +133,26 @@ def _install_architecture_hook() -> None:
     HookRegistry.register(HOOKS[0].target, keep_v41_architecture, HookType.AFTER)
 
 
-# ---------------------------------------------------------------------------- request model name
+# ---------------------------------------------------------------------------- request validation
+# The rules live in validation.py; these adapters read SGLang's objects and turn an error into what
+# each hook point answers with (an error string, or a ValueError SGLang's handlers make a 400).
+def request_limits(tm) -> Limits:
+    """What the served model accepts, from SGLang's TokenizerManager."""
+    tokenizer = getattr(tm, "tokenizer", None)
+    max_token_bytes, empty_has_tokens = tokenizer_facts(tokenizer) if tokenizer is not None else (None, True)
+    return Limits(
+        vocab_size=int(tm.model_config.vocab_size),
+        context_len=int(tm.context_len),
+        reserved_tokens=int(getattr(tm, "num_reserved_tokens", 0) or 0),
+        max_token_bytes=max_token_bytes,
+        empty_text_has_tokens=empty_has_tokens,
+        allow_auto_truncate=bool(getattr(tm, "allow_auto_truncate", False)),
+    )
+
+
 # Names a request may use: the served name (the alias, e.g. deepseek-v4.1-tiny), the model path,
 # SGLang's own default "default", and LoRA-style "<served>:<adapter>".
-def check_model_name(result, serving, request, *args, **kwargs):
-    """AFTER hook on OpenAIServing{Completion,Chat}._validate_request(self, request) -> str | None."""
-    if result:
-        return result
-    model = getattr(request, "model", None)
-    tm = serving.tokenizer_manager
+def model_name_error(tm, model: str | None) -> str | None:
     served = tm.served_model_name
     allowed = {served, getattr(tm, "model_path", served), "default"}
     if model is None or model in allowed or model.startswith(f"{served}:"):
@@ -108,11 +160,150 @@ def check_model_name(result, serving, request, *args, **kwargs):
     return f"The model '{model}' does not exist on this server; it serves '{served}'."
 
 
-def _install_model_name_check() -> None:
+def check_openai_request(result, serving, request, *args, **kwargs):
+    """AFTER hook on OpenAIServing{Completion,Chat}._validate_request(self, request) -> str | None."""
+    if result:
+        return result
+    tm = serving.tokenizer_manager
+    error = model_name_error(tm, getattr(request, "model", None))
+    if error:
+        return error
+    limits = request_limits(tm)
+    if hasattr(request, "messages"):
+        return chat_request_error(request, limits)
+    return completion_request_error(request, limits)
+
+
+def check_detokenize_request(result, serving, request, *args, **kwargs):
+    """AFTER hook on OpenAIServingDetokenize._validate_request(self, request) -> str | None."""
+    tokenizer = serving.tokenizer_manager.tokenizer
+    if result or tokenizer is None:
+        return result
+    return detokenize_request_error(request.tokens, len(tokenizer))
+
+
+def check_generate_body(result, body, *args, **kwargs):
+    """AFTER hook on api_contract.generate_contract_error(body) -> str | None (the `/generate` route)."""
+    if result:
+        return result
+    (target,) = _targets(".get_global_state")
+    state = resolve(target)()
+    if state is None or state.tokenizer_manager is None:
+        return None
+    return generate_body_error(body, request_limits(state.tokenizer_manager))
+
+
+def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
+    """AFTER hook on TokenizerManager._validate_one_request(self, obj, input_ids) -> None."""
+    error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size))
+    if error:
+        raise RequestError(error)
+    return result
+
+
+async def tokenize_texts(original, tm, texts, *args, **kwargs):
+    """AROUND hook on `async TokenizerManager._tokenize_texts(self, texts, is_cross_encoder=False)`.
+
+    SGLang tokenizes on the event loop (about 1 s per MB here), which stalls every other client. A text
+    whose bytes prove it cannot fit the context is refused without tokenizing; a large one is tokenized by
+    SGLang's own code in a worker thread (HF fast tokenizers release the GIL). Single strings under
+    `--enable-dynamic-batch-tokenizer` already leave the loop and keep SGLang's path."""
+    strings = request_texts(texts)
+    limits = request_limits(tm)
+    for i, text in enumerate(strings):
+        error = text_bytes_error(text, limits, "text" if len(strings) == 1 else f"text[{i}]")
+        if error:
+            raise RequestError(error)
+    on_loop = sum(map(len, strings)) < OFF_LOOP_TOKENIZE_CHARS or (
+        isinstance(texts, str) and getattr(tm, "async_dynamic_batch_tokenizer", None) is not None)
+    if on_loop:
+        return await original(tm, texts, *args, **kwargs)
+    return await asyncio.to_thread(asyncio.run, original(tm, texts, *args, **kwargs))
+
+
+def check_admitted(result, req, *args, **kwargs):
+    """AFTER hook on managers.utils.validate_input_length(req, max_len, auto_truncate) -> str | None,
+    called by the scheduler when a request arrives; an error aborts that request alone."""
+    if result:
+        return result
+    sp = getattr(req, "sampling_params", None)
+    sampling = {name: getattr(sp, name, None) for name in ("top_k", "logit_bias")}
+    sampling["stop_token_ids"] = sorted(getattr(sp, "stop_token_ids", None) or ())
+    return admitted_error(req.origin_input_ids, getattr(req, "vocab_size", None), getattr(req, "top_logprobs_num", 0),
+                          sampling)
+
+
+def raised_reading_body(exc: BaseException) -> bool:
+    """True when `exc` escaped from FastAPI's validation of the request body: a validator of SGLang's
+    request models that assumes a field's type (e.g. `response_format: [1]` reaches `.get` on a list)
+    raises that error raw instead of a validation error, and Starlette would answer 500."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "request_body_to_args" and code.co_filename.replace("\\", "/").endswith(
+                "fastapi/dependencies/utils.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def add_error_handlers(*args, **kwargs):
+    """BEFORE hook on http_server._setup_and_run_http_server: runs before uvicorn builds the app's
+    middleware stack, so the handlers registered here are the ones requests meet (FastAPI's public
+    `add_exception_handler`). Error bodies carry a message, never server paths or tracebacks."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import ORJSONResponse
+
+    from sglang.srt.entrypoints.http_server import app
+
+    sglang_handler = app.exception_handlers.get(RequestValidationError)
+
+    def error(request, status: int, message: str):
+        path = request.url.path
+        if path.startswith("/v1/responses"):
+            content = {"error": {"message": message, "type": "Bad Request", "param": None, "code": status}}
+        else:
+            content = {"object": "error", "message": message, "type": "Bad Request" if status < 500 else
+                       "InternalServerError", "param": None, "code": status}
+        return ORJSONResponse(status_code=status, content=content)
+
+    async def clean_validation_error(request, exc):
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))
+        if sglang_handler is not None and (path.startswith("/v1/messages") or path == "/v1/systemone"):
+            return await sglang_handler(request, exc)  # these two already answer without server paths
+        return error(request, 400, validation_message(exc.errors()))
+
+    async def unhandled_error(request, exc):
+        # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server log keeps the traceback.
+        if raised_reading_body(exc):
+            return error(request, 400, f"the request body has a field of the wrong type ({type(exc).__name__}: {exc})")
+        return error(request, 500, "Internal server error")
+
+    app.add_exception_handler(RequestValidationError, clean_validation_error)
+    app.add_exception_handler(Exception, unhandled_error)
+
+
+def _register(suffix: str, fn, kind: str) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target in _targets(suffix):
+        HookRegistry.register(target, fn, getattr(HookType, kind))
+
+
+def _install_request_validation() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target in _targets("._validate_request"):
-        HookRegistry.register(target, check_model_name, HookType.AFTER)
+        check = check_detokenize_request if ".OpenAIServingDetokenize." in target else check_openai_request
+        HookRegistry.register(target, check, HookType.AFTER)
+    _register(".generate_contract_error", check_generate_body, "AFTER")
+    _register("._validate_one_request", check_tokenized, "AFTER")
+    _register("._tokenize_texts", tokenize_texts, "AROUND")
+    _register("._setup_and_run_http_server", add_error_handlers, "BEFORE")
+
+
+def _install_admission_check() -> None:
+    _register(".validate_input_length", check_admitted, "AFTER")
 
 
 # ---------------------------------------------------------------------------- host buffers on CPU
@@ -219,11 +410,22 @@ def _install_server_arg_hooks() -> None:
     register_model_override(ARCHITECTURE)(v41_overrides)
 
 
+def _front_end_process() -> bool:
+    """The process that serves HTTP and owns the tokenizer manager (the launcher, or an Engine's process).
+    SGLang's scheduler, detokenizer and DP controller are its multiprocessing children."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
+
+
 def install() -> None:
     """Register every hook. Called by the general plugin; SGLang's `load_plugins()` runs each plugin once
-    per process (it guards itself) and then applies the HookRegistry hooks."""
+    per process (it guards itself) and then applies the HookRegistry hooks. Request validation is
+    registered only in the front-end process, so the scheduler subprocesses never import the HTTP server."""
     _install_model_package()
     _install_architecture_hook()
     _install_server_arg_hooks()
-    _install_model_name_check()
+    _install_admission_check()
     _install_cpu_host_alloc()
+    if _front_end_process():
+        _install_request_validation()

@@ -1,0 +1,419 @@
+"""Request validation: every rule a request must pass before anything reaches the scheduler.
+
+SGLang's scheduler cannot isolate a failure inside a forward (an exception in `run_batch` ends the
+scheduler process, and the launcher then takes the whole server down), so a request the model cannot
+serve must be refused before it is batched. These are plain functions over request values (no SGLang
+import); hooks.py calls them at four points, and each refusal becomes a 4xx whose message names the field:
+
+  entry      `/generate` JSON body, OpenAI completions / chat request objects: rules that depend on the
+             endpoint (`max_tokens` >= 1, `n`, field names as the client wrote them)
+  tokenizer  before tokenizing a text prompt (byte budget) and after tokenizing any prompt (every
+             generate request from every entry point: ids in range, non-empty, top logprobs)
+  scheduler  SGLang's per-request admission check (a request that bypassed the tokenizer manager is
+             aborted alone instead of reaching a batch)
+  model      `DeepseekV41ForCausalLM.forward` checks its ids (the last line; unreachable when the rest hold)
+
+docs/sglang.md ("Request validation") lists the rules.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+MAX_N = 128
+"""Most samples one request may ask for (`n`), on every endpoint (OpenAI's own cap)."""
+
+OFF_LOOP_TOKENIZE_CHARS = 64 * 1024
+"""Text prompts at least this large (characters, whole request) are tokenized in a worker thread, so the
+HTTP event loop keeps serving other clients (tokenizing takes about 1 s per MB on a 2-core machine)."""
+
+MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
+
+
+class RequestError(ValueError):
+    """A request the model cannot serve (SGLang's handlers turn a ValueError into a 400)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the served model and server accept (built from the tokenizer manager by hooks.py)."""
+
+    vocab_size: int
+    context_len: int
+    reserved_tokens: int = 0
+    max_token_bytes: int | None = None
+    """Upper bound on the UTF-8 bytes one token covers; None when the tokenizer gives no such bound."""
+    empty_text_has_tokens: bool = True
+    """False when the tokenizer adds no special tokens, so an empty text prompt has zero tokens."""
+    allow_auto_truncate: bool = False
+
+
+# ---------------------------------------------------------------------------- tokenizer facts
+@functools.cache
+def tokenizer_facts(tokenizer) -> tuple[int | None, bool]:
+    """-> (max UTF-8 bytes of one token or None, whether "" tokenizes to at least one token).
+
+    The byte bound holds for a byte-level BPE without a normalizer: every input byte lands in exactly
+    one token, and a token's vocabulary string has at least as many UTF-8 bytes as the input bytes it
+    covers (one byte-alphabet character per byte; added tokens are matched verbatim and strip nothing).
+    So a text of B bytes has at least ceil(B / bound) tokens. Any other tokenizer gets no bound (no gate)."""
+    empty_has_tokens = bool(tokenizer("")["input_ids"])
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None, empty_has_tokens
+    spec = json.loads(backend.to_str())
+    normalizer = spec.get("normalizer")
+    no_op_normalizer = normalizer is None or (normalizer.get("type") == "Sequence" and not normalizer.get("normalizers"))
+    byte_level = "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+    # An added token that strips whitespace around it covers more bytes than its own text.
+    stripping = any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens") or ())
+    if stripping or not (no_op_normalizer and byte_level and (spec.get("model") or {}).get("type") == "BPE"):
+        return None, empty_has_tokens
+    return max(len(tok.encode("utf-8", "surrogatepass")) for tok in tokenizer.get_vocab()), empty_has_tokens
+
+
+# ---------------------------------------------------------------------------- single values
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def ids_error(ids: Any, vocab_size: int, field: str) -> str | None:
+    """A flat, non-empty list of token ids in [0, vocab_size)."""
+    if not isinstance(ids, (list, tuple)):
+        return f"{field}: expected a list of token ids, got {type(ids).__name__}"
+    if not ids:
+        return f"{field}: the prompt is empty; send at least one token id"
+    if all(type(t) is int for t in ids) and 0 <= min(ids) and max(ids) < vocab_size:
+        return None
+    for i, t in enumerate(ids):
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            return (f"{field}[{i}]: {t!r} is not a token id of this model "
+                    f"(token ids are integers in [0, {vocab_size}))")
+    return None
+
+
+def token_list_error(ids: Any, vocab_size: int, field: str) -> str | None:
+    """An optional list of token ids (stop tokens): may be empty, each id in range."""
+    if ids is None or (isinstance(ids, (list, tuple)) and not ids):
+        return None
+    return ids_error(ids, vocab_size, field)
+
+
+def logit_bias_error(bias: Any, vocab_size: int, field: str = "logit_bias") -> str | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        return f"{field}: expected an object mapping token ids to biases, got {type(bias).__name__}"
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            return f"{field}: key {key!r} is not a token id (token ids are integers in [0, {vocab_size}))"
+        if not 0 <= token < vocab_size:
+            return f"{field}: key {key!r} is not a token id of this model (token ids are integers in [0, {vocab_size}))"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            # OpenAI's range; the sampler adds the bias in fp32, where 1e308 is inf and made NaN probabilities.
+            return f"{field}[{key!r}]: the bias must be a number in [-100, 100], got {value!r}"
+    return None
+
+
+def count_error(value: Any, field: str, low: int, high: int | None = None, what: str = "") -> str | None:
+    """An integer in [low, high] (high None: no upper bound); None means unset."""
+    if value is None:
+        return None
+    upper = f" and at most {high}" if high is not None else ""
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        return f"{field}: must be an integer of at least {low}{upper}{what}, got {value!r}"
+    return None
+
+
+def n_error(n: Any, field: str = "n") -> str | None:
+    return count_error(n, field, 1, MAX_N, f" (samples per request; this server's cap is {MAX_N})")
+
+
+def top_logprobs_error(k: Any, vocab_size: int, field: str) -> str | None:
+    return count_error(k, field, 0, vocab_size, f" (the vocabulary has {vocab_size} tokens)")
+
+
+def text_bytes_error(text: str, limits: Limits, field: str) -> str | None:
+    """A text prompt whose byte size alone proves it cannot fit the context (no tokenizing needed).
+    Never refuses a prompt SGLang's own token-count check would accept."""
+    if limits.max_token_bytes is None or limits.allow_auto_truncate:
+        return None
+    if 4 * len(text) <= (limits.context_len - limits.reserved_tokens - 1) * limits.max_token_bytes:
+        return None  # at most 4 UTF-8 bytes a character: too short to prove anything, skip the encode
+    n_bytes = len(text.encode("utf-8", "surrogatepass"))
+    at_least = -(-n_bytes // limits.max_token_bytes)
+    if at_least + limits.reserved_tokens >= limits.context_len:
+        return (f"{field}: the prompt is {n_bytes} bytes, so at least {at_least} tokens (one token covers at "
+                f"most {limits.max_token_bytes} bytes); this server's context is {limits.context_len} tokens")
+    return None
+
+
+def empty_text_error(text: Any, limits: Limits, field: str) -> str | None:
+    if text == "" and not limits.empty_text_has_tokens:
+        return f"{field}: the prompt is empty (this model's tokenizer adds no BOS token, so it has no tokens to run)"
+    return None
+
+
+def _first(*errors: str | None) -> str | None:
+    return next((e for e in errors if e), None)
+
+
+def _indexed(values: Any, field: str) -> Iterable[tuple[Any, str]]:
+    """(value, field name) for a single value or each element of a batch list."""
+    if isinstance(values, list):
+        return ((v, f"{field}[{i}]") for i, v in enumerate(values))
+    return ((values, field),)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def top_k_error(top_k: Any, field: str) -> str | None:
+    """-1 (the whole vocabulary) or at least 1 (SGLang); the sampler holds top_k as int32, and a larger
+    value killed the scheduler. Any value from the vocabulary size up keeps the whole vocabulary."""
+    if top_k is None or (_is_int(top_k) and top_k == -1):
+        return None
+    return count_error(top_k, field, 1, INT32_MAX, " (or -1 for the whole vocabulary)")
+
+
+def sampling_error(params: Any, vocab_size: int, field: str = "sampling_params") -> str | None:
+    """Model-dependent sampling rules shared by every endpoint (SGLang checks the rest)."""
+    if not isinstance(params, dict):
+        return None
+    return _first(
+        top_k_error(params.get("top_k"), f"{field}.top_k"),
+        token_list_error(params.get("stop_token_ids"), vocab_size, f"{field}.stop_token_ids"),
+        logit_bias_error(params.get("logit_bias"), vocab_size, f"{field}.logit_bias"),
+    )
+
+
+def multimodal_error(values: dict) -> str | None:
+    for name in MULTIMODAL_FIELDS:
+        if values.get(name) not in (None, [], [None]):
+            return f"{name}: this server serves DeepSeek-V4.1 as a text-only model; send text or token ids"
+    if values.get("input_embeds") is not None:
+        return "input_embeds: not supported by DeepSeek-V4.1 here; send text or token ids"
+    return None
+
+
+# ---------------------------------------------------------------------------- entry: /generate
+PER_REQUEST_FIELDS = {
+    "return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int, "return_text_in_logprobs": bool,
+    "return_hidden_states": bool, "return_routed_experts": bool, "routed_experts_start_len": int,
+    "return_sampling_mask": bool, "rid": str,
+}
+"""`/generate` fields that take one value per request: a scalar, or in a batch a list with one per prompt
+(SGLang's scheduler compares a single request's list-valued `logprob_start_len` with an int and dies)."""
+
+
+def _value_error(value: Any, kind: type, field: str) -> str | None:
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if value is None or ok:
+        return None
+    return f"{field}: expected {'an integer' if kind is int else 'a boolean' if kind is bool else 'a string'}, got {value!r}"[:200]
+
+
+def per_request_error(body: dict, batch: int | None) -> str | None:
+    """Per-request fields (and `sampling_params`) against the batch size (None: a single request)."""
+    for name, kind in PER_REQUEST_FIELDS.items():
+        value = body.get(name)
+        if isinstance(value, list):
+            if batch is None:
+                return f"{name}: a single request takes one value, not a list"
+            if len(value) != batch:
+                return f"{name}: the batch has {batch} prompts but {len(value)} values"
+            err = _first(*(_value_error(v, kind, f"{name}[{i}]") for i, v in enumerate(value)))
+        else:
+            err = _value_error(value, kind, name)
+        if err:
+            return err
+    lsl = body.get("logprob_start_len")
+    for value, field in _indexed(lsl, "logprob_start_len"):
+        err = count_error(value, field, -1, what=" (-1: no input logprobs)")
+        if err:
+            return err
+    params = body.get("sampling_params")
+    if isinstance(params, list):
+        if batch is None:
+            return "sampling_params: a single request takes one object, not a list"
+        if len(params) != batch:
+            return f"sampling_params: the batch has {batch} prompts but {len(params)} parameter objects"
+    tids = body.get("token_ids_logprob")
+    if isinstance(tids, list) and tids and isinstance(tids[0], list):
+        if batch is None or len(tids) != batch:
+            return "token_ids_logprob: one flat list of token ids, or one list per prompt of the batch"
+    return None
+
+
+def _batch_size(body: dict) -> int | None:
+    text, ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, list):
+        return len(text)
+    if text is None and isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return None
+
+
+def generate_body_error(body: Any, limits: Limits) -> str | None:
+    """The native `/generate` JSON body (single or batched). `max_new_tokens` must be >= 1 here, as
+    `max_tokens` is on the OpenAI endpoints (SGLang's internal prefill-only requests are unaffected)."""
+    if not isinstance(body, dict):
+        return None  # SGLang's own contract check answers
+    vocab = limits.vocab_size
+    err = multimodal_error(body)
+    if err:
+        return err
+    ids = body.get("input_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        err = _first(*(ids_error(row, vocab, f"input_ids[{i}]") for i, row in enumerate(ids)))
+    elif ids is not None:
+        err = ids_error(ids, vocab, "input_ids")
+    if err:
+        return err
+    if body.get("text") == []:
+        return "text: the batch is empty; send at least one prompt"
+    if body.get("text") is not None:
+        for text, field in _indexed(body["text"], "text"):
+            if isinstance(text, str):
+                err = _first(empty_text_error(text, limits, field), text_bytes_error(text, limits, field))
+                if err:
+                    return err
+    for params, field in _indexed(body.get("sampling_params"), "sampling_params"):
+        if not isinstance(params, dict):
+            continue
+        err = _first(
+            count_error(params.get("max_new_tokens"), f"{field}.max_new_tokens", 1,
+                        what=" (the same rule as max_tokens on the OpenAI endpoints)"),
+            n_error(params.get("n"), f"{field}.n"),
+            sampling_error(params, vocab, field),
+        )
+        if err:
+            return err
+    err = per_request_error(body, _batch_size(body))
+    if err:
+        return err
+    for k, field in _indexed(body.get("top_logprobs_num"), "top_logprobs_num"):
+        err = top_logprobs_error(k, vocab, field)
+        if err:
+            return err
+    return None
+
+
+# ---------------------------------------------------------------------------- entry: OpenAI
+def completion_request_error(request: Any, limits: Limits) -> str | None:
+    """OpenAI `/v1/completions` (a CompletionRequest). SGLang already requires max_tokens >= 1."""
+    vocab = limits.vocab_size
+    prompt = request.prompt
+    err = None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        err = _first(*(ids_error(row, vocab, f"prompt[{i}]") for i, row in enumerate(prompt)))
+    elif isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
+        err = ids_error(prompt, vocab, "prompt")
+    elif isinstance(prompt, list) and not prompt:
+        err = "prompt: the prompt is empty"
+    else:
+        for text, field in _indexed(prompt, "prompt"):
+            if not isinstance(text, str):
+                return f"{field}: expected a string, got {type(text).__name__}"
+            err = _first(err, empty_text_error(text, limits, field), text_bytes_error(text, limits, field))
+    return _first(
+        err,
+        n_error(request.n),
+        count_error(getattr(request, "best_of", None), "best_of", 1, MAX_N),
+        top_logprobs_error(request.logprobs, vocab, "logprobs"),
+        _openai_sampling_error(request, vocab),
+    )
+
+
+def _openai_sampling_error(request: Any, vocab: int) -> str | None:
+    """The sampling extensions of SGLang's OpenAI requests, named as the client wrote them."""
+    return _first(
+        top_k_error(getattr(request, "top_k", None), "top_k"),
+        token_list_error(request.stop_token_ids, vocab, "stop_token_ids"),
+        logit_bias_error(request.logit_bias, vocab, "logit_bias"),
+    )
+
+
+def chat_request_error(request: Any, limits: Limits) -> str | None:
+    """OpenAI `/v1/chat/completions` (a ChatCompletionRequest): the same max_tokens rule as completions."""
+    vocab = limits.vocab_size
+    for i, message in enumerate(request.messages or []):
+        content = getattr(message, "content", None)
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = getattr(part, "type", None) or (part.get("type") if isinstance(part, dict) else None)
+                if kind not in (None, "text"):
+                    return (f"messages[{i}].content[{j}]: {kind!r} parts are not served; this server serves "
+                            "DeepSeek-V4.1 as a text-only model")
+    return _first(
+        count_error(request.max_tokens, "max_tokens", 1),
+        count_error(request.max_completion_tokens, "max_completion_tokens", 1),
+        n_error(request.n),
+        top_logprobs_error(request.top_logprobs, vocab, "top_logprobs"),
+        _openai_sampling_error(request, vocab),
+    )
+
+
+def detokenize_request_error(tokens: Any, tokenizer_size: int) -> str | None:
+    """`/detokenize` (`tokens`: ids or lists of ids): ids the tokenizer has (HF's decode raised a 500)."""
+    if isinstance(tokens, list) and tokens and isinstance(tokens[0], list):
+        return _first(*(token_list_error(row, tokenizer_size, f"tokens[{i}]") for i, row in enumerate(tokens)))
+    return token_list_error(tokens, tokenizer_size, "tokens")
+
+
+# ---------------------------------------------------------------------------- after tokenization
+def tokenized_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
+    """One generate request (a GenerateReqInput element) with its prompt ids, from any entry point."""
+    values = {name: getattr(obj, name, None) for name in (*MULTIMODAL_FIELDS, "input_embeds")}
+    field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
+    if field == "text" and input_ids is not None and not len(input_ids):
+        return "text: the prompt has no tokens after tokenization; send at least one token"
+    return _first(
+        multimodal_error(values),
+        ids_error(list(input_ids) if input_ids is not None else None, vocab_size, field),
+        top_logprobs_error(getattr(obj, "top_logprobs_num", None), vocab_size, "top_logprobs_num"),
+        count_error(getattr(obj, "logprob_start_len", None), "logprob_start_len", -1, what=" (-1: no input logprobs)"),
+        _value_error(getattr(obj, "return_logprob", None), bool, "return_logprob"),
+        sampling_error(getattr(obj, "sampling_params", None), vocab_size),
+    )
+
+
+def admitted_error(input_ids: Any, vocab_size: int | None, top_logprobs_num: Any,
+                   sampling: dict | None = None) -> str | None:
+    """The scheduler's view of one request (Req.origin_input_ids, Req.vocab_size, Req.top_logprobs_num,
+    and its SamplingParams as a dict): the rules whose breach ends the scheduler."""
+    if vocab_size is None:
+        return None
+    return _first(ids_error(list(input_ids), vocab_size, "input_ids"),
+                  top_logprobs_error(top_logprobs_num, vocab_size, "top_logprobs_num"),
+                  sampling_error(sampling, vocab_size))
+
+
+def request_texts(texts: Any) -> list[str]:
+    """The strings of a `_tokenize_texts` argument (a string, a batch of strings, or cross-encoder pairs)."""
+    if isinstance(texts, str):
+        return [texts]
+    out: list[str] = []
+    for t in texts or ():
+        out.extend(request_texts(t) if isinstance(t, (list, tuple)) else [t] if isinstance(t, str) else [])
+    return out
+
+
+def validation_message(errors: Iterable[dict]) -> str:
+    """FastAPI's request-validation errors as one line naming each field (never the input, which may be
+    large, nor the endpoint's source file and line, which FastAPI attaches to the exception)."""
+    parts = []
+    for err in list(errors)[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error")
+            where = f" at character {loc[0]}" if loc else ""
+            parts.append(f"body: invalid JSON{where}" + (f" ({reason})" if reason else ""))
+        else:
+            parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"

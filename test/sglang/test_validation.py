@@ -1,0 +1,250 @@
+"""Request validation rules without a server (python/sglang_dsv41/sglang/validation.py) and the hook
+adapters that apply them to SGLang's objects. Oracles: hand-built requests with the expected field in the
+message, SGLang's own request classes (GenerateReqInput, CompletionRequest, ChatCompletionRequest), and
+the tiny checkpoint's real tokenizer for the byte budget (checked against actual token counts)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dsv41.sglang import hooks
+from sglang_dsv41.sglang.validation import (
+    MAX_N,
+    Limits,
+    admitted_error,
+    chat_request_error,
+    completion_request_error,
+    detokenize_request_error,
+    generate_body_error,
+    ids_error,
+    logit_bias_error,
+    text_bytes_error,
+    tokenized_error,
+    tokenizer_facts,
+    validation_message,
+)
+
+V = 1024
+LIMITS = Limits(vocab_size=V, context_len=4096, max_token_bytes=29, empty_text_has_tokens=False)
+
+
+@pytest.mark.parametrize("ids, fragment", [
+    ([5, V], f"x[1]: {V} is not a token id"),
+    ([-1], "x[0]: -1"),
+    ([5, True], "x[1]: True"),
+    ([5, 2.0], "x[1]: 2.0"),
+    ([], "the prompt is empty"),
+    ("5 6", "expected a list of token ids"),
+])
+def test_ids_error_names_the_position(ids, fragment):
+    assert fragment in ids_error(ids, V, "x")
+
+
+def test_ids_at_the_edges_pass():
+    assert ids_error([0, V - 1], V, "x") is None
+
+
+@pytest.mark.parametrize("bias, fragment", [
+    ({"abc": 1}, "key 'abc' is not a token id"),
+    ({str(V): 1}, f"key '{V}' is not a token id"),
+    ({"5": "x"}, "must be a number in [-100, 100]"),
+    ({"5": 1e308}, "must be a number in [-100, 100]"),
+    ([1], "expected an object"),
+])
+def test_logit_bias(bias, fragment):
+    assert fragment in logit_bias_error(bias, V)
+    assert logit_bias_error({"0": -100, str(V - 1): 5.5}, V) is None
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"input_ids": [5, V]}, "input_ids[1]"),
+    ({"input_ids": [[5], [5, -3]]}, "input_ids[1][1]"),
+    ({"text": ""}, "text: the prompt is empty"),
+    ({"text": ["a", ""]}, "text[1]: the prompt is empty"),
+    ({"text": [], "stream": True}, "text: the batch is empty"),
+    ({"text": "hi", "return_logprob": True, "logprob_start_len": [20]}, "logprob_start_len: a single request takes one"),
+    ({"text": ["a", "b"], "logprob_start_len": [0]}, "logprob_start_len: the batch has 2 prompts but 1 values"),
+    ({"text": ["a", "b"], "return_logprob": [True, "yes"]}, "return_logprob[1]: expected a boolean"),
+    ({"text": "hi", "logprob_start_len": -2}, "logprob_start_len: must be an integer of at least -1"),
+    ({"text": "hi", "sampling_params": [{"max_new_tokens": 1}]}, "sampling_params: a single request takes one object"),
+    ({"text": ["a", "b"], "sampling_params": [{}]}, "the batch has 2 prompts but 1 parameter objects"),
+    ({"input_ids": [[1], [2]], "token_ids_logprob": [[1]]}, "token_ids_logprob: one flat list"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
+    ({"text": "hi", "sampling_params": {"n": MAX_N + 1}}, "sampling_params.n"),
+    ({"text": ["a"], "sampling_params": [{"max_new_tokens": -1}]}, "sampling_params[0].max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"stop_token_ids": [V]}}, "sampling_params.stop_token_ids[0]"),
+    ({"text": "hi", "sampling_params": {"logit_bias": {"-1": 2}}}, "sampling_params.logit_bias"),
+    ({"text": "hi", "top_logprobs_num": V + 1}, "top_logprobs_num"),
+    ({"text": "hi", "sampling_params": {"top_k": 2**63}}, "sampling_params.top_k: must be an integer of at least 1 and at most 2147483647"),
+    ({"text": "hi", "image_data": "x"}, "image_data"),
+    ({"input_embeds": [[0.0]]}, "input_embeds"),
+    ({"text": "ab " * 50_000}, "text: the prompt is 150000 bytes"),
+])
+def test_generate_body(body, fragment):
+    assert fragment in generate_body_error(body, LIMITS)
+
+
+def test_generate_body_accepts_the_edges():
+    body = {"input_ids": [[0], [V - 1]], "sampling_params": {"max_new_tokens": 1, "n": MAX_N,
+            "stop_token_ids": [V - 1]}, "top_logprobs_num": V}
+    assert generate_body_error(body, LIMITS) is None
+    assert generate_body_error({"text": ""}, Limits(V, 4096)) is None  # a tokenizer that adds BOS: "" is one token
+
+
+def _completion(**kw):
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+
+    return CompletionRequest(**{"model": "m", "prompt": "hi", "max_tokens": 1, **kw})
+
+
+def _chat(**kw):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(**{"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    ({"prompt": [5, V]}, "prompt[1]"),
+    ({"prompt": [[5], [V + 3]]}, "prompt[1][0]"),
+    ({"prompt": ["a", ""]}, "prompt[1]: the prompt is empty"),
+    ({"n": 0}, "n: must be an integer of at least 1"),
+    ({"n": 1000}, f"at most {MAX_N}"),
+    ({"logprobs": V + 1}, "logprobs"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"top_k": 2**31}, "top_k"),
+])
+def test_completion_request(kw, fragment):
+    assert fragment in completion_request_error(_completion(**kw), LIMITS)
+    assert completion_request_error(_completion(prompt=[0, V - 1], n=2, logprobs=V, top_k=-1), LIMITS) is None
+    assert completion_request_error(_completion(top_k=10**6), LIMITS) is None  # past V: the whole vocabulary
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"n": 0}, "n:"),
+    ({"logprobs": True, "top_logprobs": V + 1}, "top_logprobs"),
+    ({"logit_bias": {str(V): 1.0}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[1]: 'image_url' parts are not served"),
+])
+def test_chat_request(kw, fragment):
+    assert fragment in chat_request_error(_chat(**kw), LIMITS)
+    assert chat_request_error(_chat(max_tokens=1, n=2), LIMITS) is None
+
+
+def test_tokenized_request_from_sglang_objects():
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text="", sampling_params={"max_new_tokens": 1})
+    assert "no tokens after tokenization" in tokenized_error(obj, [], V)
+    obj = GenerateReqInput(input_ids=[1, V], top_logprobs_num=2)
+    assert "input_ids[1]" in tokenized_error(obj, [1, V], V)
+    obj = GenerateReqInput(input_ids=[1, 2], return_logprob=True, top_logprobs_num=V + 1)
+    assert "top_logprobs_num" in tokenized_error(obj, [1, 2], V)
+    obj = GenerateReqInput(input_ids=[1, 2], return_logprob=True, logprob_start_len=[1])
+    assert "logprob_start_len" in tokenized_error(obj, [1, 2], V)
+    assert tokenized_error(GenerateReqInput(input_ids=[0, V - 1]), [0, V - 1], V) is None
+
+
+def test_scheduler_admission_check():
+    """hooks.check_admitted on a Req-like object: SGLang's own error wins, ours follows, clean passes."""
+    req = SimpleNamespace(origin_input_ids=[3, V], vocab_size=V, top_logprobs_num=0)
+    assert hooks.check_admitted("too long", req) == "too long"
+    assert "input_ids[1]" in hooks.check_admitted(None, req)
+    assert "the prompt is empty" in hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[], vocab_size=V))
+    assert hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=V)) is None
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    for kw, fragment in [({"top_k": 2**40}, "top_k"), ({"logit_bias": {"3": 1e308}}, "logit_bias"),
+                         ({"stop_token_ids": [V]}, "stop_token_ids")]:
+        sp = SamplingParams(**kw)
+        sp.normalize(None)
+        req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, sampling_params=sp)
+        assert fragment in hooks.check_admitted(None, req)
+    sp = SamplingParams(top_k=-1, stop_token_ids=[V - 1], logit_bias={"0": -100})
+    sp.normalize(None)  # top_k -1 becomes SGLang's TOP_K_ALL
+    assert hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0,
+                                                      sampling_params=sp)) is None
+    assert admitted_error([3], None, 0) is None  # a Req without a vocabulary size: nothing to check against
+
+
+def test_model_forward_refuses_ids_outside_the_vocabulary():
+    """The last line (DeepseekV41ForCausalLM._check_ids), on a stand-in for the model and batch."""
+    from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+
+    model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=V))
+    fb = SimpleNamespace(rids=["a", "b"])
+    DeepseekV41ForCausalLM._check_ids(model, torch.tensor([0, V - 1]), fb)
+    with pytest.raises(ValueError, match=r"token ids \[1024\] outside \[0, 1024\).*\['a', 'b'\]"):
+        DeepseekV41ForCausalLM._check_ids(model, torch.tensor([3, V]), fb)
+
+
+def test_byte_budget_is_a_lower_bound_on_tokens(tiny_dir):
+    """The tiny tokenizer's byte bound never over-counts: for odd texts, bytes / bound <= tokens."""
+    from transformers import AutoTokenizer
+
+    tiny_tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
+    bound, empty_has_tokens = tokenizer_facts(tiny_tokenizer)
+    assert bound is not None and not empty_has_tokens
+    for text in ["a" * 500, "<｜begin▁of▁sentence｜>" * 20, "日本語😀" * 40, " " * 300, "x\u0000" * 50]:
+        tokens = len(tiny_tokenizer(text)["input_ids"])
+        assert -(-len(text.encode()) // bound) <= tokens, text[:20]
+    limits = Limits(V, context_len=100, max_token_bytes=bound)
+    # SGLang refuses a prompt of context_len tokens or more: 100 * bound bytes is at least 100 tokens.
+    assert "at least 100 tokens" in text_bytes_error("a" * (100 * bound - 1), limits, "t")
+    assert text_bytes_error("a" * (99 * bound), limits, "t") is None
+    assert text_bytes_error("a" * 10**6, Limits(V, 100, max_token_bytes=bound, allow_auto_truncate=True), "t") is None
+
+
+def test_validation_message_hides_input_and_location():
+    errors = [{"type": "json_invalid", "loc": ("body", 10), "msg": "JSON decode error", "input": {},
+               "ctx": {"error": "unexpected end of data"}},
+              {"type": "int_parsing", "loc": ("body", "max_tokens"), "msg": "Input should be a valid integer",
+               "input": "x" * 10_000}]
+    assert validation_message(errors) == ("body: invalid JSON at character 10 (unexpected end of data); "
+                                          "max_tokens: Input should be a valid integer")
+
+
+def test_raised_reading_body():
+    def request_body_to_args():  # the name FastAPI's body validation runs under
+        raise AttributeError("'list' object has no attribute 'get'")
+
+    try:
+        request_body_to_args()
+    except AttributeError as e:
+        assert not hooks.raised_reading_body(e)  # same name, but not FastAPI's file
+    try:
+        raise KeyError("x")
+    except KeyError as e:
+        assert not hooks.raised_reading_body(e)
+
+
+def test_large_texts_tokenize_off_the_event_loop():
+    """hooks.tokenize_texts runs SGLang's coroutine in a worker thread for large inputs only."""
+    import threading
+
+    seen = []
+
+    async def original(tm, texts, *args, **kwargs):
+        seen.append(threading.current_thread() is threading.main_thread())
+        return texts
+
+    tm = SimpleNamespace(tokenizer=None, model_config=SimpleNamespace(vocab_size=V), context_len=10**9,
+                         async_dynamic_batch_tokenizer=None)
+    assert asyncio.run(hooks.tokenize_texts(original, tm, "small")) == "small"
+    big = ["x" * hooks.OFF_LOOP_TOKENIZE_CHARS]
+    assert asyncio.run(hooks.tokenize_texts(original, tm, big)) == big
+    assert seen == [True, False]
+
+
+def test_detokenize_ids():
+    assert "tokens[1]" in detokenize_request_error([5, 99999], V)
+    assert "tokens[1][0]" in detokenize_request_error([[5], [-1]], V)
+    assert detokenize_request_error([], V) is None and detokenize_request_error([[0, V - 1]], V) is None
