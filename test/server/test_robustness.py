@@ -1,0 +1,255 @@
+"""No request may kill the server (issue 9): one real SGLang server on the tiny checkpoint receives the
+request classes that used to crash its scheduler, the inconsistencies around them, and a seeded fuzz of
+the HTTP surface (test/server/fuzz.py). Oracle: the reply contract (`fuzz.check_reply`: a 4xx whose
+body carries a message, or a well-formed 200) plus liveness after every request: `/health` answers, the
+launcher is alive and its log has no scheduler exception (a dying scheduler logs one before it signals
+the launcher); the scheduler itself answers a load query after each structured case and after the fuzz,
+and, idle after the fuzz, SGLang's strict memory check finds every token slot back in the allocator.
+
+`/health` normally runs a one-token generation and waits at least a second; this server answers it
+without the generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0) so it can be asked after every case."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from fuzz import MAX_NEW, Case, case_seed, check_reply, make_case, send
+from launch import start_server, stop_server
+
+FUZZ_SEED = int(os.environ.get("DSV41_FUZZ_SEED", 20261201))
+FUZZ_CASES = int(os.environ.get("DSV41_FUZZ_CASES", 300))
+FUZZ_CONCURRENCY = int(os.environ.get("DSV41_FUZZ_CONCURRENCY", 16))
+FUZZ_BUDGET_S = float(os.environ.get("DSV41_FUZZ_BUDGET_S", 40))
+"""The fuzz stops after this many seconds even if cases remain (a loaded machine), and says so."""
+
+V = 1024  # the tiny checkpoint's vocabulary
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("robustness") / "server.log"
+    # Strict idle check (as in test_endpoints): refused and aborted requests must give back every token slot.
+    srv = start_server(tiny_dir, log, env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
+                                           "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"})
+    yield srv
+    stop_server(srv.proc)
+
+
+@pytest.fixture(scope="module")
+def model(server) -> str:
+    return requests.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def alive(server, round_trip: bool = True) -> str | None:
+    """None when the whole server is up; else what is down. A scheduler that dies logs "Scheduler hit an
+    exception" before it signals the launcher; `round_trip` also asks the scheduler itself (a load
+    query, answered between forwards, so it waits for a running one)."""
+    if server.proc.poll() is not None:
+        return f"the launcher exited ({server.proc.returncode})"
+    if "Scheduler hit an exception" in server.log_text():
+        return "the scheduler hit an exception:\n" + server.log_text()[-3000:]
+    try:
+        if requests.get(server.url + "/health", timeout=30).status_code != 200:
+            return "/health did not answer 200"
+        if round_trip and requests.get(server.url + "/v1/loads?include=core", timeout=300).status_code != 200:
+            return "the scheduler did not answer a load query"
+    except requests.RequestException as e:
+        return f"no answer: {e}"
+    return None
+
+
+def post(server, path, body, **kw):
+    r = requests.post(server.url + path, json=body, timeout=120, **kw)
+    return r.status_code, r.text, r
+
+
+def _message(r) -> str:
+    body = r.json()
+    err = body.get("error", body)
+    return err if isinstance(err, str) else err.get("message", "")
+
+
+def _sp(**kw):
+    return {"max_new_tokens": 1, "temperature": 0, **kw}
+
+
+# (path, body without the model, fragment the message must contain): every class of issue 9, one request
+# each, plus the ones the fuzzer found. Each gets a 4xx that names the field.
+CLASSES = [
+    # token ids outside [0, vocab): native and OpenAI, single and batched
+    ("/generate", {"input_ids": [5, V], "sampling_params": _sp()}, "input_ids[1]"),
+    ("/generate", {"input_ids": [[5, 6], [7, -1]], "sampling_params": _sp()}, "input_ids[1][1]"),
+    ("/v1/completions", {"prompt": [5, 6, V + 7], "max_tokens": 1}, "prompt[2]"),
+    ("/v1/completions", {"prompt": [[5], [2**40]], "max_tokens": 1}, "prompt[1][0]"),
+    # a text prompt with zero tokens (the tokenizer adds no BOS)
+    ("/generate", {"text": "", "sampling_params": _sp()}, "text: the prompt is empty"),
+    ("/generate", {"text": ["hi", ""], "sampling_params": _sp()}, "text[1]: the prompt is empty"),
+    # more top logprobs than the vocabulary
+    ("/generate", {"input_ids": [5], "return_logprob": True, "top_logprobs_num": V + 1, "sampling_params": _sp()},
+     "top_logprobs_num"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "logprobs": V + 1}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "logprobs": True,
+                              "top_logprobs": V + 1}, "top_logprobs"),
+    # max_tokens >= 1 everywhere
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": _sp(max_new_tokens=0)}, "sampling_params.max_new_tokens"),
+    # n in [1, 128] everywhere
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 0}, "n: must be an integer of at least 1"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 1000}, "at most 128"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "n": 129}, "n:"),
+    ("/generate", {"text": "hi", "sampling_params": _sp(n=0)}, "sampling_params.n"),
+    # logit bias and stop token ids in range
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {str(V): 5}}, "logit_bias"),
+    ("/generate", {"text": "hi", "sampling_params": _sp(logit_bias={"abc": 1})}, "logit_bias: key 'abc'"),
+    ("/generate", {"text": "hi", "sampling_params": _sp(stop_token_ids=[V])}, "stop_token_ids[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                              "stop_token_ids": [-5]}, "stop_token_ids[0]"),
+    # what the model cannot serve: images, embeddings
+    ("/generate", {"text": "hi", "image_data": "data:image/png;base64,AAAA", "sampling_params": _sp()},
+     "image_data"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+        "max_tokens": 1}, "'image_url'"),  # SGLang's own check answers first here
+    # found by the fuzzer: an empty batch (a stream of it ended without a reply)
+    ("/generate", {"text": [], "stream": True, "sampling_params": _sp()}, "text: the batch is empty"),
+    # found by the fuzzer: a list where a single request takes one value (killed the scheduler)
+    ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": [20], "sampling_params": _sp()},
+     "logprob_start_len: a single request takes one value"),
+    ("/generate", {"text": ["a", "b"], "top_logprobs_num": [1], "sampling_params": _sp()},
+     "top_logprobs_num: the batch has 2 prompts but 1 values"),
+    # found by the fuzzer: top_k past int32 (the sampler's tensor overflowed and killed the scheduler)
+    ("/generate", {"text": "hi", "sampling_params": _sp(top_k=2**63)}, "sampling_params.top_k"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "top_k": 2**31}, "top_k"),
+    # found by the fuzzer: a logit bias of 1e308 (inf in fp32: NaN probabilities killed the scheduler)
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 1e308}}, "[-100, 100]"),
+    # found probing the other endpoints: /detokenize of an id the tokenizer lacks (was a 500)
+    ("/detokenize", {"tokens": [5, 99999]}, "tokens[1]"),
+    # found by the fuzzer: a field of the wrong type that SGLang's request model dereferences (was a 500)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                              "response_format": [1]}, "wrong type"),
+]
+
+
+@pytest.mark.parametrize("path, body, fragment", CLASSES, ids=[f"{p}:{f}" for p, _, f in CLASSES])
+def test_refused_with_a_message_naming_the_field(server, model, path, body, fragment):
+    status, text, r = post(server, path, {"model": model, **body} if path.startswith("/v1") else body)
+    assert 400 <= status < 500, text[:500]
+    assert fragment in _message(r), text[:500]
+    assert check_reply(Case(0, path, b""), status, text) is None
+    assert alive(server) is None
+
+
+def test_refused_before_the_stream_starts(server, model):
+    """A streaming request with a bad id gets a real 4xx, not a 200 with an error event."""
+    status, text, _ = post(server, "/generate", {"input_ids": [V], "stream": True, "sampling_params": _sp()})
+    assert status == 400 and "input_ids[0]" in text
+    status, text, _ = post(server, "/v1/completions", {"model": model, "prompt": [V], "max_tokens": 1, "stream": True})
+    assert status == 400 and "prompt[0]" in text
+
+
+@pytest.mark.parametrize("raw", [b'{"model": ', b"[1, 2", b'{"prompt": "\xff\xfe"}', b'{"max_tokens": "x"}'])
+def test_malformed_bodies_carry_no_server_paths(server, raw):
+    r = requests.post(server.url + "/v1/completions", data=raw, headers={"Content-Type": "application/json"},
+                      timeout=60)
+    assert r.status_code == 400
+    assert _message(r) and "File " not in r.text and "site-packages" not in r.text and ".py" not in r.text
+
+
+def test_edges_are_still_served(server, model):
+    """The largest legal values pass validation and generate."""
+    status, text, r = post(server, "/generate", {"input_ids": [[0, 1], [V - 1]], "return_logprob": True,
+                                                 "top_logprobs_num": V, "sampling_params": _sp(stop_token_ids=[V - 1])})
+    assert status == 200, text[:300]
+    assert all(len(x["meta_info"]["output_top_logprobs"][0]) == V for x in r.json())
+    status, text, r = post(server, "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 1, "n": 2,
+                                                       "logit_bias": {str(V - 1): 1.0}})
+    assert status == 200 and len(r.json()["choices"]) == 2, text[:300]
+
+
+def test_a_large_prompt_does_not_stall_other_clients(server, model):
+    """A prompt that only tokenizing can judge (under the byte budget, over the context) is tokenized in a
+    worker thread: other requests keep being answered meanwhile. One that the byte budget alone rules
+    out is refused without tokenizing."""
+    text = "ab " * 300_000  # 900 KB: about 600K tokens, under 32772 x 29 bytes, so it has to be tokenized
+    result = {}
+
+    def big():
+        t0 = time.monotonic()
+        result["status"], result["text"], _ = post(server, "/v1/completions", {"model": model, "prompt": text,
+                                                                                "max_tokens": 1})
+        result["s"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    time.sleep(0.2)
+    waits = []
+    while thread.is_alive() and len(waits) < 50:
+        t0 = time.monotonic()
+        status, _, _ = post(server, "/v1/completions", {"model": model, "prompt": [V], "max_tokens": 1})
+        waits.append(time.monotonic() - t0)
+        assert status == 400
+    thread.join()
+    assert result["status"] == 400 and "context length" in result["text"], result["text"][:300]
+    # Each small request was answered in a fraction of the big one's time (on the loop it would wait for all of it).
+    assert waits and max(waits) < max(0.5, result["s"] / 2), (waits, result["s"])
+
+    t0 = time.monotonic()
+    status, body, _ = post(server, "/v1/completions", {"model": model, "prompt": "ab " * 700_000, "max_tokens": 1})
+    assert status == 400 and "at least" in body and "bytes" in body
+    assert time.monotonic() - t0 < max(2.0, result["s"] / 2)
+
+
+def test_fuzz_http_surface(server, model):
+    """FUZZ_CASES seeded cases with FUZZ_CONCURRENCY in flight (one bad client among others; accepted
+    cases share forwards while refused ones flow past them), bounded by FUZZ_BUDGET_S. After each case:
+    its reply, /health and the server's liveness. A failure prints the seeds of the cases in flight;
+    `python test/server/fuzz.py --case-seed N` replays one alone."""
+    t0 = time.monotonic()
+    lock = threading.Lock()
+    in_flight: set[int] = set()
+    statuses: dict[int, int] = {}
+
+    def one(i: int) -> str | None:
+        if time.monotonic() - t0 > FUZZ_BUDGET_S:
+            return None
+        case = make_case(case_seed(FUZZ_SEED, i), model, V)
+        with lock:
+            in_flight.add(case.seed)
+        try:
+            status, text = send(server.url, case)
+            problem = check_reply(case, status, text)
+        except requests.RequestException as e:
+            status, problem = -1, f"no reply: {e}"
+        problem = problem or alive(server, round_trip=False)
+        with lock:
+            statuses[status] = statuses.get(status, 0) + 1
+            others = sorted(in_flight - {case.seed})
+            in_flight.discard(case.seed)
+        if problem:
+            return f"{case.describe()}\n  -> {problem}\n  (cases in flight: {others})"
+        return None
+
+    with ThreadPoolExecutor(FUZZ_CONCURRENCY) as pool:
+        problems = [p for p in pool.map(one, range(FUZZ_CASES)) if p]
+    ran = sum(statuses.values())
+    print(f"fuzz seed {FUZZ_SEED}: {ran}/{FUZZ_CASES} cases in {time.monotonic() - t0:.0f}s "
+          f"({FUZZ_CONCURRENCY} in flight, up to {MAX_NEW} new tokens each): {statuses}")
+    assert not problems, "\n".join(problems[:5])
+    assert ran >= min(FUZZ_CASES, FUZZ_CONCURRENCY)
+    # Idle with the radix cache flushed, SGLang's strict check proves no case leaked a token slot.
+    deadline = time.monotonic() + 120
+    while "Cache flushed." not in requests.post(server.url + "/flush_cache", timeout=60).text:
+        assert time.monotonic() < deadline, "the server did not become idle after the fuzz"
+        time.sleep(1)
+    time.sleep(3)  # several idle scheduler loops, each running the pool check
+    assert "memory leak detected" not in server.log_text()
+    assert alive(server) is None  # a floor only: the count depends on the machine
