@@ -19,6 +19,7 @@ Every tensor draws from its own generator seeded by (seed, name), so the bytes a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import zlib
 from dataclasses import dataclass
@@ -67,17 +68,28 @@ class Preset:
     engram_dim: int
     engram_vocab: int
     tokenizer_vocab: int = 1024
+    release_layout: bool = False
+    """True: the released 40-layer roles (ratio 2 on 2-19, ratio 1 on 20-39, KV sources 2/8/14/20,
+    index sources 2/8/14/20/24/28/32/36, candidates from 20, Engram on 1 and 14); the ratio2 / ratio1
+    counts must then be 18 / 20."""
 
 
 PRESETS = {
     "tiny": Preset(256, 4, 128, 128, 64, 2, 4, 128, 32, 16, 4, 8, 2, 128, 4, 4, 2, 3, 64, 2003),
     "small": Preset(512, 8, 256, 256, 128, 4, 8, 128, 64, 32, 8, 16, 4, 256, 6, 4, 4, 4, 128, 8009),
     "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521),
+    # the released layer roles and attention widths; 16 experts (top-6) so it fits one H200
+    "release": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 18, 20, 8, 4, 256, 65521,
+                      release_layout=True),
 }
 
 
 def _layout(p: Preset) -> tuple[list[int], list[int], list[int], int, list[int]]:
     """-> (compress_ratios, kv_sources, index_sources, candidate_source, engram_layers)."""
+    if p.release_layout:
+        if (p.ratio2_layers, p.ratio1_layers) != (18, 20):
+            raise ValueError("the release layout has 18 ratio-2 and 20 ratio-1 layers")
+        return [0, 0] + [2] * 18 + [1] * 20, [2, 8, 14, 20], [2, 8, 14, 20, 24, 28, 32, 36], 20, [1, 14]
     r2_start, r1_start = 2, 2 + p.ratio2_layers
     num_layers = r1_start + p.ratio1_layers
     ratios = [0, 0] + [2] * p.ratio2_layers + [1] * p.ratio1_layers
@@ -160,18 +172,25 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
     }
 
 
-def _normal(name: str, shape: tuple[int, ...], std: float, seed: int, device: str, mean: float = 0.0) -> torch.Tensor:
+def _normal_fn(name: str, shape: tuple[int, ...], std: float, seed: int, device: str, mean: float = 0.0,
+            fast: bool = False) -> torch.Tensor:
     """N(mean, std^2) fp32 from NumPy's PCG64 stream: the same bytes on every machine and device
-    (torch's own CPU normal sampler changes with the SIMD width, and CUDA's with the device)."""
+    (torch's own CPU normal sampler changes with the SIMD width, and CUDA's with the device).
+    `fast` draws from torch's generator on `device` instead: seconds instead of minutes for the
+    40-layer `release` preset, reproducible only on the same device and torch (speed benchmarks)."""
+    if fast:
+        g = torch.Generator(device=device).manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
+        return torch.randn(shape, generator=g, device=device, dtype=torch.float32) * std + mean
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     x = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
     return x * std + mean
 
 
-def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu", fast: bool = False) -> dict[str, torch.Tensor]:
     """One tensor per schema entry, in checkpoint dtypes (quantized where the release is)."""
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
+    _normal = functools.partial(_normal_fn, fast=fast)
     for name, spec in schema.items():
         if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in schema:
             continue  # produced together with its weight
@@ -231,6 +250,32 @@ def write_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     write_checkpoint(out, random_tensors(cfg, seed, device), cfg)
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return out
+
+
+def random_model(preset: str, workdir: str | Path, device: str = "cpu", seed: int = 0, fast: bool = True):
+    """A `DeepseekV41` of `preset` with random weights built in memory (no safetensors written; only
+    config.json and the tokenizer go to `workdir`): how speed benchmarks get the 40-layer `release`
+    preset without minutes of sampling and writing. `fast=False` gives the checkpoint's exact bytes."""
+    from sglang_dsv41.layers.transformer import DeepseekV41
+    from sglang_dsv41.tokenizer.token_map import token_map_tensor
+
+    p, out = PRESETS[preset], Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    _, n_classes = build_compressed_token_map(tok)
+    raw = hf_config(p, -(-tok.get_vocab_size(with_added_tokens=True) // 64) * 64, n_classes)
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    cfg = ModelConfig.from_hf(raw)
+    with torch.device("meta"):
+        model = DeepseekV41(cfg)
+    model.load_state_dict(random_tensors(cfg, seed, device, fast=fast), strict=True, assign=True)
+    for prm in model.parameters():
+        prm.requires_grad_(False)
+    model.set_token_map(token_map_tensor(str(out), device=device))
+    return model.eval()
 
 
 def main(argv: list[str] | None = None) -> None:
