@@ -185,7 +185,7 @@ def test_presets_keep_the_release_structure():
         cfg.check_decoder_tail_replay()
         assert [r.compress_ratio for r in roles[:2]] == [0, 0] and roles[1].has_engram
         kv2 = [r.layer_id for r in roles if r.is_kv_source and r.compress_ratio == 2]
-        assert len(kv2) == 2 and roles[kv2[1]].has_engram  # a KV source carries an Engram, as 14 does
+        assert len(kv2) == (3 if name == "release" else 2) and roles[kv2[-1]].has_engram  # as 14 does
         assert any(r.compress_ratio == 2 and not r.is_kv_source for r in roles)
         first_r1 = next(r for r in roles if r.compress_ratio == 1)
         assert first_r1.is_candidate_source and first_r1.is_kv_source and first_r1.is_index_source
@@ -196,3 +196,9 @@ def test_presets_keep_the_release_structure():
     assert (c.index_n_heads, c.index_head_dim, c.index_topk) == (32, 128, 512)
     assert (c.candidate_topk_blocks, c.candidate_block_size) == (2048, 8)
     assert bench.compressed_bytes_per_token == (288 + 68) / 1 + 2 * (288 + 68) / 2
+    release = ModelConfig.from_hf(hf_config(PRESETS["release"], vocab=1024, compressed_vocab=860))
+    roles = release.layer_roles
+    assert [r.layer_id for r in roles if r.is_kv_source] == [2, 8, 14, 20]
+    assert [r.layer_id for r in roles if r.is_index_source] == [2, 8, 14, 20, 24, 28, 32, 36]
+    assert [r.layer_id for r in roles if r.has_engram] == [1, 14] and release.num_layers == 40
+    assert release.compressed_bytes_per_token == 890 and release.late_layer_start == 20
