@@ -22,6 +22,7 @@ from sglang_dsv41.checkpoint.io import check_tensors
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.runtime import KVPools, Runtime
+from sglang_dsv41.sglang.engram_host import EngramHostPlacement
 from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.report import startup_report
 
@@ -53,14 +54,19 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.store: TokenStore | None = None
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
         self.history_width = max(ngram - 1, 1)
+        # Engram tables in host memory (docs/engram.md); a bad variable value fails here, at startup.
+        self.engram_host = EngramHostPlacement.from_env(self.cfg, self.device)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Validate SGLang's (name, tensor) stream against our checkpoint schema (CheckpointError
         names a missing / unexpected / mis-shaped tensor) and assign it to the parameters."""
-        device = self.device
-        tensors = {name: t.to(device) for name, t in weights}
-        tensors = check_tensors(tensors, self.cfg, where=str(getattr(self.config, "_name_or_path", "the checkpoint")))
+        device, host = self.device, self.engram_host
+        where = str(getattr(self.config, "_name_or_path", "the checkpoint"))
+        tensors = {name: t.to(device) for name, t in (host.stream(weights, where) if host else weights)}
+        tensors = check_tensors({**tensors, **(host.placeholders() if host else {})}, self.cfg, where=where)
+        if host:  # the Engram tables stay in host memory: swap their modules, drop their names
+            tensors = host.install(self.model, tensors)
         self.model.load_state_dict(tensors, strict=True, assign=True)
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -71,6 +77,8 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.model.set_token_map(token_map_tensor(str(path), device=device))
         else:
             self.model.engram_token_map = torch.zeros(0, dtype=torch.int64, device=device)
+        if host:
+            host.finish(self.model)
         self.model.eval()
 
     # ------------------------------------------------------------------ pools
@@ -85,7 +93,8 @@ class DeepseekV41ForCausalLM(nn.Module):
             pools = KVPools(self.cfg, num_slots, num_req_slots, device)
             self.runtime = Runtime(self.model, pools)
             self.store = TokenStore(num_slots, device)
-            logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1])))
+            logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
+                                               self.engram_host))
         return self.runtime
 
     # ------------------------------------------------------------------ forward

@@ -6,7 +6,9 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.runtime.pools import KVPools
 
 
-def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_size: int, max_context: int) -> str:
+def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_size: int, max_context: int,
+                   engram_host=None) -> str:
+    """`engram_host`: the `EngramHostPlacement` when the Engram tables live in host memory (its block follows)."""
     b = KVPools.bytes_per_token(cfg)
     W = cfg.attention.window_size
     window_req = cfg.window_kv_bytes_per_token * cfg.num_layers * W
@@ -27,4 +29,6 @@ def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_si
         f"{pool_bytes / 2**20:.1f} MiB",
         f"  max context tokens: {max_context}",
     ]
+    if engram_host is not None:
+        lines += engram_host.report_lines(b["total"])
     return "\n".join(lines)
