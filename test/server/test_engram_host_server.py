@@ -1,0 +1,55 @@
+"""One real SGLang server with `SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1` (default layout `shared`): the
+Engram tables are streamed into host memory, the model's tables are swapped for the host modules with the
+prefetch attached, and the served numbers equal the default placement's. Oracle: `ReferenceModel`
+teacher-forced on the server's tokens (the default placement: tables as model parameters). The paged
+runtime equals the reference bit for bit on CPU and the host table reads the same rows, so greedy tokens and
+the sampled tokens' logprobs (log_softmax of our fp32 logits) must be exactly equal here. Input logprobs go
+through SGLang's own input-logprob processor, whose log-sum-exp rounds differently from the oracle's
+`log_softmax` whatever the placement; they get test_numerics.py's tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import torch
+
+from launch import start_server, stop_server
+from oracle import teacher_forced
+
+LOGPROB_ATOL = 1e-5
+"""Input logprobs only (as test_numerics.py)."""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("engram_host") / "server.log"
+    srv = start_server(tiny_dir, log, "--chunked-prefill-size", "64",
+                       env={"SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": "1"})
+    yield srv
+    stop_server(srv.proc)
+
+
+def test_startup_report_shows_moved_bytes_and_kv_gain(server):
+    log = server.log_text()
+    assert "Engram host table (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1, layout shared, rank 0 of 1)" in log
+    line = next(x for x in log.splitlines() if "device memory freed" in x)
+    freed = int(line.split("):", 1)[1].split(" B ")[0])
+    per_token = float(line.rsplit(" at ", 1)[1].split(" B ")[0])
+    gained = int(line.split(" = ", 1)[1].split(" more KV tokens")[0])
+    assert freed > 0 and gained == int(freed // per_token)
+
+
+def test_logprobs_bit_equal_to_default_placement(server, tiny_reference):
+    g = torch.Generator().manual_seed(21)
+    ids = torch.randint(3, 1023, (70,), generator=g).tolist()  # two prefill chunks (64 + 6)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "logprob_start_len": 0}
+    r = requests.post(server.url + "/generate", json=body, timeout=600)
+    r.raise_for_status()
+    out = r.json()
+    meta = out["meta_info"]
+    toks, lps, in_lps = teacher_forced(tiny_reference, ids, out["output_ids"])
+    assert out["output_ids"] == toks
+    assert [x[0] for x in meta["output_token_logprobs"]] == lps
+    got_in = [x[0] for x in meta["input_token_logprobs"][1:]]
+    assert len(got_in) == len(in_lps) and max(abs(a - b) for a, b in zip(got_in, in_lps)) <= LOGPROB_ATOL
