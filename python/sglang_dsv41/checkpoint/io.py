@@ -73,10 +73,10 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
     return out
 
 
-def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> dict[str, torch.Tensor]:
+def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str, complete: bool = True) -> dict[str, torch.Tensor]:
     """Validate already-read tensors (e.g. from an engine's weight iterator) against the schema,
     like `read_tensors`: skips ignored names, raises `CheckpointError` naming the tensor. Packed FP4
-    experts stored as U8 are viewed as int8."""
+    experts stored as U8 are viewed as int8. `complete=False` accepts any subset (a weight update)."""
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
@@ -85,8 +85,34 @@ def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str
             continue
         _check(spec, _TORCH_TO_ST.get(t.dtype, str(t.dtype)), tuple(t.shape), where)
         out[name] = _as_stored(t, spec)
-    _check_complete(schema, out, f" in {where}")
+    if complete:
+        _check_complete(schema, out, f" in {where}")
     return out
+
+
+def check_headers(path: str | os.PathLike, cfg: ModelConfig, complete: bool = True) -> list[str]:
+    """Validate the safetensors headers of a checkpoint directory (names, dtypes, shapes; no tensor
+    data is read) -> the names of the model tensors found. `complete=False` accepts any non-empty subset
+    (a partial checkpoint for a weight update). Raises `CheckpointError` naming the tensor."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint directory")
+    schema = checkpoint_schema(cfg)
+    found: dict[str, None] = {}
+    for file in _shard_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                spec = _spec_of(schema, name, file.name)
+                if spec is None:
+                    continue
+                sl = f.get_slice(name)
+                _check(spec, sl.get_dtype(), tuple(sl.get_shape()), file.name)
+                found[name] = None
+    if complete:
+        _check_complete(schema, found, f" in {path}")  # type: ignore[arg-type]
+    elif not found:
+        raise CheckpointError(f"no tensor of this model in {path}")
+    return list(found)
 
 
 def _spec_of(schema: dict[str, TensorSpec], name: str, where: str) -> TensorSpec | None:

@@ -18,7 +18,7 @@ from torch import nn
 from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
-from sglang_dsv41.checkpoint.io import check_tensors
+from sglang_dsv41.checkpoint.io import CheckpointError, check_headers, check_tensors
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.runtime import KVPools, Runtime
@@ -60,7 +60,10 @@ class DeepseekV41ForCausalLM(nn.Module):
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Validate SGLang's (name, tensor) stream against our checkpoint schema (CheckpointError
-        names a missing / unexpected / mis-shaped tensor) and assign it to the parameters."""
+        names a missing / unexpected / mis-shaped tensor) and assign it to the parameters. On an
+        already-loaded model this is a weight update (`update_weights`)."""
+        if not self.model.embed.weight.is_meta:
+            return self.update_weights(weights)
         device, host = self.device, self.engram_host
         where = str(getattr(self.config, "_name_or_path", "the checkpoint"))
         tensors = {name: t.to(device) for name, t in (host.stream(weights, where) if host else weights)}
@@ -80,6 +83,48 @@ class DeepseekV41ForCausalLM(nn.Module):
         if host:
             host.finish(self.model)
         self.model.eval()
+
+    # ------------------------------------------------------------------ weight updates
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A weight update into the running server (SGLang's `/update_weights_from_disk`, `_from_tensor`,
+        `_from_distributed` call `load_weights` again): any subset of the checkpoint's tensors, all
+        validated before any is written, then copied in place, so every reference to a parameter (the
+        runtime, kernel slots) stays valid. KV pools and the token store need no reset: SGLang flushes
+        its radix cache after the update, and every slot is written before it is read again. The
+        Engram token map comes from the tokenizer and does not change."""
+        tensors = check_tensors(dict(weights), self.cfg, where="the weight update", complete=False)
+        error = self._frozen_in_update(tensors)
+        if error:
+            raise CheckpointError(error)
+        if not tensors:
+            raise CheckpointError("weight update without any tensor of this model")
+        state = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, t in tensors.items():
+                state[name].copy_(t)
+        logger.info("weight update: %d of %d tensors replaced", len(tensors), len(state))
+
+    def weight_update_error(self, path: str) -> str | None:
+        """Why the checkpoint at `path` cannot update this model (None if it can), from its safetensors
+        headers. Checked before SGLang reads an update from disk (hooks.check_weight_update): after a
+        failed load SGLang re-reads the same path to roll back, which would fail again and end the
+        scheduler."""
+        try:
+            names = check_headers(path, self.cfg, complete=False)
+        except (CheckpointError, OSError, ValueError) as e:
+            return f"weight update from {path}: {e}"
+        return self._frozen_in_update(dict.fromkeys(names))
+
+    def _frozen_in_update(self, names) -> str | None:
+        if self.engram_host is None:
+            return None
+        from sglang_dsv41.engram_host.lookup import table_tensor_names
+
+        held = [n for n in names if n in table_tensor_names(self.cfg)]
+        if held:
+            return (f"weight update: '{held[0]}' is an Engram table, held in host memory "
+                    f"(SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1); Engram tables are frozen, leave them out of updates")
+        return None
 
     # ------------------------------------------------------------------ pools
     def _ensure_runtime(self, fb) -> Runtime:

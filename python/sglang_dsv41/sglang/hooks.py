@@ -93,6 +93,10 @@ HOOKS = (
          "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with "
          "cudaHostRegister (no CUDA on CPU); on CPU the device cache is host memory, so nothing to pin."),
+    Hook("sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk",
+         "AROUND hook: `/update_weights_from_disk` into our model is checked from the safetensors headers "
+         "first (DeepseekV41ForCausalLM.weight_update_error) and refused with a 400; SGLang's rollback after "
+         "a failed load re-reads the same path, which failed again and ended the scheduler."),
 )
 
 
@@ -306,6 +310,16 @@ def _install_admission_check() -> None:
     _register(".validate_input_length", check_admitted, "AFTER")
 
 
+def check_weight_update(original, updater, model_path, *args, **kwargs):
+    """Refuse a disk weight update our model cannot take, before SGLang reads any tensor (-> (False, why),
+    which the endpoint answers with a 400). Other models go straight to SGLang."""
+    check = getattr(updater.get_model(), "weight_update_error", None)
+    error = check(model_path) if check is not None else None
+    if error:
+        return False, error  # SGLang logs the message
+    return original(updater, model_path, *args, **kwargs)
+
+
 # ---------------------------------------------------------------------------- host buffers on CPU
 # SGLang's host-buffer allocators are a defaultdict keyed by device type: npu / musa / xpu pin through
 # torch, every other key (so "cpu") gets alloc_with_host_register, which calls cudaHostRegister for a
@@ -426,6 +440,7 @@ def install() -> None:
     _install_architecture_hook()
     _install_server_arg_hooks()
     _install_admission_check()
+    _register(".update_weights_from_disk", check_weight_update, "AROUND")
     _install_cpu_host_alloc()
     if _front_end_process():
         _install_request_validation()

@@ -1,0 +1,104 @@
+"""The server half of training (issue 13), against one real SGLang server on the tiny model:
+- train/serve mismatch is exactly zero on the CPU (sampled at temperature 1), with and without R3;
+- a weight update into the running server (full checkpoint, then a partial one) makes its logprobs
+  exactly the new weights', and a bad update is refused with a 400 while the server keeps serving.
+Oracle: the trainer's forward (`train.logprobs.response_logprobs`, the one forward over a dense KV)
+on the checkpoint the server should be serving. The server returns logprobs of the raw distribution
+(SGLANG_RETURN_ORIGINAL_LOGPROB=1, as docs/rl.md says an RL server must)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import torch
+
+from launch import start_server, stop_server
+from sglang_dsv41.train.mismatch import main as mismatch_main, measure, random_prompts
+from sglang_dsv41.train.rollout import ServerClient
+from sglang_dsv41.train.logprobs import response_logprobs
+from sglang_dsv41.train.weight_sync import write_partial_checkpoint
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("rl_server") / "server.log"
+    srv = start_server(tiny_dir, log, "--enable-return-routed-experts", env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
+    yield srv
+    stop_server(srv.proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return ServerClient(server.url, timeout=600)
+
+
+def _shape(model):
+    return {"layers": model.cfg.num_layers, "top_k": model.cfg.moe.n_activated_experts}
+
+
+def test_mismatch_is_zero_with_r3(server, tiny_dir, capsys):
+    """The CLI: sampled (temperature 1) responses, trainer recompute with the server's experts forced."""
+    mismatch_main(["--model", str(tiny_dir), "--server", server.url, "--prompts", "1", "--n", "2",
+                   "--prompt-len", "8", "--max-new-tokens", "6", "--r3", "--seed", "3"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["r3"] is True and out["sequences"] == 2 and out["tokens"] >= 2
+    assert out["kl_mean"] == 0.0 and out["kl_p99"] == 0.0 and out["kl_max"] == 0.0
+    assert out["dlogp_mean"] == 0.0 and out["dlogp_max"] == 0.0
+    assert out["routing_agreement"] == 1.0
+
+
+def test_mismatch_is_zero_without_r3(client, tiny_model):
+    prompts = random_prompts(1, 12, tiny_model.cfg.vocab_size, seed=5)
+    rollouts = client.sample(prompts, 1, 6, temperature=1.0, routed_experts=True, seed=7, **_shape(tiny_model))[0]
+    m = measure(tiny_model, rollouts, r3=False)[False]
+    assert m.tokens == len(rollouts[0].response) and m.routing_agreement == 1.0
+    assert m.kl_max == 0.0 and m.dlogp_max == 0.0
+
+
+def _greedy(client, prompt, n=4):
+    ro = client.sample([prompt], 1, n, temperature=0.0)[0][0]
+    return ro.response, torch.tensor(ro.logprobs)
+
+
+def _expected(model, prompt, response):
+    with torch.no_grad():
+        return response_logprobs(model, prompt, response)[0]
+
+
+def test_weight_update_serves_the_new_weights(server, client, tiny_dir, tmp_path_factory):
+    from sglang_dsv41.checkpoint.loader import load_model
+    from sglang_dsv41.tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("updates")
+    new_dir = write_tiny_checkpoint(root / "seed1", "tiny", seed=1)
+    new = load_model(new_dir, progress=False)
+    prompt = random_prompts(1, 10, new.cfg.vocab_size, seed=11)[0]
+    _, before = _greedy(client, prompt)
+
+    client.update_weights_from_disk(str(new_dir), weight_version="seed1")
+    ids, after = _greedy(client, prompt)
+    assert torch.equal(after, _expected(new, prompt, ids))
+    assert not torch.equal(after, before[: len(after)])
+
+    # A bad update is refused before any tensor is written; the server keeps serving.
+    bad = root / "bad"
+    bad.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"embed.weight": torch.zeros(3, 3, dtype=torch.bfloat16)}, str(bad / "model.safetensors"))
+    r = requests.post(server.url + "/update_weights_from_disk", json={"model_path": str(bad)}, timeout=60)
+    assert r.status_code == 400 and "embed.weight" in r.json()["message"] and "[3, 3]" in r.json()["message"]
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200
+
+    # A partial update (one tensor, the embedding of the first checkpoint): the prompt's radix-cached KV
+    # from before must not be reused, so the logprobs are exactly those of seed1 + the old embedding.
+    old = load_model(tiny_dir, progress=False)
+    with torch.no_grad():
+        new.embed.weight.copy_(old.embed.weight)
+    write_partial_checkpoint(root / "partial", {"embed.weight": old.embed.weight}, new.cfg)
+    client.update_weights_from_disk(str(root / "partial"), weight_version="partial")
+    ids, mixed = _greedy(client, prompt)
+    assert torch.equal(mixed, _expected(new, prompt, ids))
+    assert not torch.equal(mixed[: len(after)], after[: len(mixed)])
