@@ -175,3 +175,44 @@ def test_table_rows_not_matching_the_config_name_the_tensor(tiny_model):
     narrow = torch.zeros(e.num_embeddings[1], e.head_dim // 2, dtype=torch.float8_e4m3fn)
     with pytest.raises(CheckpointError, match="expected width"):
         list(TableSink(EngramHostTables(cfg, "per_rank"), progress=False).filter([(name, narrow)]))
+
+
+# ------------------------------------------------------------------ CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinned host table read by the GPU gather)")
+@pytest.mark.parametrize("layout", ["shared", "per_rank"])
+def test_cuda_host_table_with_prefetch_equals_device_tables(tiny_dir, prompt, layout):
+    from sglang_dsv41.checkpoint.loader import load_model
+    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
+
+    table = kernel_table("cuda")
+    dev_model = use_kernels(load_model(tiny_dir, device="cuda", progress=False), table)
+    model, tables = load_model_host_tables(tiny_dir, layout, device="cuda", progress=False)
+    use_kernels(model, table)
+    hosts = [m for m in model.modules() if isinstance(m, HostEngramTable)]
+    assert all(m.host_weight.is_pinned() and m.host_weight.device.type == "cpu" for m in hosts)
+    pre = EngramPrefetch(hosts, 256, "cuda").attach(model)
+    want = _prefill_and_decode(dev_model, prompt, decode=2)
+    assert torch.equal(_prefill_and_decode(model, prompt, decode=2), want)
+    assert not pre.pending
+    # a decode-sized Engram step (hash + every Engram layer, prefetch on the side stream) in a CUDA graph
+    ids = torch.randint(3, 1000, (8,), device="cuda")
+    hist = torch.randint(3, 1000, (8, model.cfg.engram.max_ngram_size - 1), device="cuda")
+    start, lens = torch.full((8,), 40, device="cuda"), torch.ones(8, dtype=torch.long, device="cuda")
+    streams = torch.randn(8, model.cfg.hc.hc_mult, model.cfg.hidden_size, device="cuda").to(torch.bfloat16)
+
+    def step():
+        rows = model.hasher.hash_packed(ids, lens, start, hist)
+        out = streams
+        for m in hosts:
+            out = model.layers[tables.sections[m.k].layer_id].engram(out, rows[:, m.k])
+        return out
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    ids.copy_(torch.randint(3, 1000, (8,), device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static.view(torch.int16), step().view(torch.int16))

@@ -75,8 +75,9 @@ class HostRegion:
         return os.getpid(), self._fd
 
     def prefault(self) -> None:
-        """Touch every page now (writes zeros), so huge pages are taken at fault time."""
-        self.tensor.zero_()
+        """Touch every page now (one zero byte per 4 KiB, the mapping is zero already), so huge pages
+        are taken at fault time."""
+        self.tensor[::4096] = 0
 
     def collapse(self) -> bool:
         """Ask the kernel to collapse the mapping into huge pages now (MADV_COLLAPSE, Linux >= 6.1).
