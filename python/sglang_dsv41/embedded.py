@@ -14,7 +14,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-EMBEDDED_MODELS = {"deepseek-v4.1-tiny": "tiny", "deepseek-v4.1-small": "small"}
+EMBEDDED_MODELS = {
+    "deepseek-v4.1-tiny": "tiny",
+    "deepseek-v4.1-tiny-random": "tiny",
+    "deepseek-v4.1-mini-random": "mini",
+    "deepseek-v4.1-small": "small",
+}
 
 
 def cache_dir() -> Path:

@@ -77,6 +77,9 @@ class Preset:
 PRESETS = {
     "tiny": Preset(256, 4, 128, 128, 64, 2, 4, 128, 32, 16, 4, 8, 2, 128, 4, 4, 2, 3, 64, 2003),
     "small": Preset(512, 8, 256, 256, 128, 4, 8, 128, 64, 32, 8, 16, 4, 256, 6, 4, 4, 4, 128, 8009),
+    # `tiny` at hidden 128 (2 heads, q_lora 64, indexer 2 x 64, Engram dim 64): the architecture of the
+    # trained embedded default `deepseek-v4.1-tiny` (train/sft.py); about 5.7 MB in the released layout
+    "mini": Preset(128, 2, 128, 64, 64, 2, 2, 64, 16, 8, 4, 8, 2, 128, 4, 4, 2, 3, 64, 503),
     "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521),
     # the released layer roles and attention widths; 16 experts (top-6) so it fits one H200
     "release": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 18, 20, 8, 4, 256, 65521,

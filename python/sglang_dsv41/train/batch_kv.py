@@ -4,7 +4,9 @@ training batch instead of B. Implements the KV interface (layers/kv.py) like `re
 Rows are sequence-major: row b*T + p is position p of sequence b. Window keys of a row are its own
 sequence's positions max(0, p-W+1)..p (oldest first, -1 padded to W, the dense layout); compressed
 entries of sequence b occupy rows b*(T//r) .. (b+1)*(T//r) - 1 of a layer's pool (T % r == 0, so a
-ratio-2 pair never straddles two sequences); selected positions index into the row's own sequence.
+ratio-2 pair never straddles two sequences); selected positions index into the row's own sequence. For T <= 64 the window lists are cut to
+ceil(T / 64) * 64 slots: the cut slots are -1 padding forming whole 64-blocks, which the block-64 online
+softmax skips exactly (no valid key: the running max, denominator and accumulator are unchanged).
 Every row's keys and lists are those DenseKV gives the sequence alone: the per-row math is the same
 (fp32 GEMM tiles, exact block partials and the RMSNorm order are batch invariant), and the tests
 compare the logits with one DenseKV forward per sequence. Right padding never changes a real row
@@ -20,7 +22,7 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.attention import Attention
 from sglang_dsv41.layers.indexer import mask_invisible
-from sglang_dsv41.layers.sparse_attention import sparse_attention
+from sglang_dsv41.layers.sparse_attention import BLOCK, sparse_attention
 from sglang_dsv41.reference.dense_kv import window_indices
 
 
@@ -70,8 +72,11 @@ class BatchDenseKV:
         return mask_invisible(scores, visible).float(), visible
 
     def attend(self, attn: Attention, q: torch.Tensor, topk: torch.Tensor | None) -> torch.Tensor:
-        b, t, dev = self.batch, self.length, q.device
-        local = window_indices(torch.arange(t, device=dev), self.cfg.attention.window_size, 0, 0).repeat(b, 1)
+        b, t, dev, w = self.batch, self.length, q.device, self.cfg.attention.window_size
+        local = window_indices(torch.arange(t, device=dev), w, 0, 0)
+        if w % BLOCK == 0:  # trailing whole blocks of -1 slots are exact no-ops of the online softmax
+            local = local[:, : min(w, -(-t // BLOCK) * BLOCK)]
+        local = local.repeat(b, 1)
         seq = torch.arange(b, device=dev).repeat_interleave(t).unsqueeze(-1)
         idx = torch.where(local >= 0, local + seq * t, -1)
         keys = self._window

@@ -7,7 +7,8 @@ Each step draws `batch` train-split problems (task.py; level weights from `--lev
 prompt + target ids exactly as the server renders the chat request (ChatRenderer), right-pads them to
 one even length and runs THE forward once over a `BatchDenseKV` with the QAT trainable model
 (serving roundings with straight-through gradients). Loss: mean cross-entropy over the target tokens
-(answer text and end-of-sentence). AdamW, linear warm-up then cosine decay, gradient clipping.
+(answer text and end-of-sentence). AdamW, linear warm-up then cosine decay over the steps or the
+`--max-minutes` budget, gradient clipping.
 
 Evaluation (`heldout_accuracy`): held-out (test-split) problems, greedy exact match, computed with
 teacher forcing: greedy decoding produces the target ids exactly iff the argmax at every target
@@ -101,27 +102,39 @@ def train(args: argparse.Namespace) -> dict:
     renderer = task.ChatRenderer(args.model)
     params = [p for _, p in trainable_parameters(model)]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warm = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+    budget = 60 * args.max_minutes
+
+    def lr_at(step: int, elapsed: float) -> float:
+        """Linear warm-up over 5% of the run, then cosine to 10%; progress is steps or time, whichever
+        is further along (so a time-bounded run still ends decayed)."""
+        progress = max(step / args.steps, elapsed / budget if budget else 0.0)
+        warm = min(1.0, progress / 0.05) if progress < 0.05 else 1.0
+        return args.lr * max(warm, 1e-3) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
     levels = parse_levels(args.levels)
     total = sum(levels.values())
     counts = {lv: max(1, round(args.batch * w / total)) for lv, w in levels.items()}
     t0 = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="sft", unit="step", file=sys.stderr)
+    bar = tqdm(range(args.steps), desc="sft", unit="step", file=sys.stderr, mininterval=args.bar_interval)
     ema = None
+    done = 0
     for step in bar:
+        elapsed = time.perf_counter() - t0
+        if budget and elapsed > budget:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, elapsed)
         probs = [p for lv, c in counts.items() for p in task.problems(lv, c, "train", seed=args.seed * 1_000_003 + step)]
         ids, mask, t = collate([renderer.example(p.question, p.completion) for p in probs], args.device)
         loss, right = batch_loss(model, ids, mask, t)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
         acc = right.float().mean().item()
         ema = (loss.item(), acc) if ema is None else (0.9 * ema[0] + 0.1 * loss.item(), 0.9 * ema[1] + 0.1 * acc)
-        bar.set_postfix(loss=f"{ema[0]:.3f}", exact=f"{ema[1]:.2f}", lr=f"{sched.get_last_lr()[0]:.1e}")
+        bar.set_postfix(loss=f"{ema[0]:.3f}", exact=f"{ema[1]:.2f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+        done = step + 1
     train_s = time.perf_counter() - t0
     model.eval()
     acc = heldout_accuracy(model, renderer, args.eval_level, args.eval_n)
@@ -130,7 +143,7 @@ def train(args: argparse.Namespace) -> dict:
 
     summary = {
         "command": "python -m sglang_dsv41.train.sft " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
-        "source_model": str(args.model), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "source_model": str(args.model), "steps": done, "planned_steps": args.steps, "batch": args.batch, "lr": args.lr,
         "levels": args.levels, "seed": args.seed, "train_seconds": round(train_s, 1),
         "heldout": {"level": args.eval_level, "n": args.eval_n, "greedy_exact_match": acc},
         "task_generator_version": task.GENERATOR_VERSION, "tiny_generator_version": TINY_VERSION,
@@ -153,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bar-interval", type=float, default=0.1, help="seconds between progress bar updates")
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop training after this long (then evaluate and export)")
     args = ap.parse_args(argv)
     args.argv = argv
     if args.steps < 1 or args.batch < 1:

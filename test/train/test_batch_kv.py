@@ -1,0 +1,27 @@
+"""CPU: BatchDenseKV (train/batch_kv.py), the training batch KV. Oracle: ReferenceModel (DenseKV) run
+on each sequence alone; a right-padded shorter sequence keeps its real rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_dsv41.train.batch_kv import BatchDenseKV
+
+T = 10
+
+
+@torch.inference_mode()
+def test_batch_rows_equal_one_dense_forward_per_sequence(tiny_model, tiny_reference):
+    g = torch.Generator().manual_seed(5)
+    seqs = torch.randint(3, 1000, (2, T), generator=g)
+    seqs[1, 7:] = 2  # the second sequence is 7 tokens, right-padded
+    out = tiny_model(seqs.flatten(), BatchDenseKV(tiny_model.cfg, 2, T, "cpu"))
+    logits = out.logits.view(2, T, -1)
+    assert torch.equal(logits[0], tiny_reference.forward(seqs[0]).logits)
+    assert torch.equal(logits[1, :7], tiny_reference.forward(seqs[1, :7]).logits)
+
+
+def test_odd_length_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="multiple of every compress ratio"):
+        BatchDenseKV(tiny_model.cfg, 2, 9, "cpu")
