@@ -12,7 +12,9 @@ on the same inputs. The GEMMs (fp8_linear / fp4_linear, activation quant include
 with a plain bf16 F.linear of the same shape. Shapes: hidden 5120, 64 x 512 heads, indexer 32 x 128,
 window 128, top-512, contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 positions), decode
 batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, shared expert at
-M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096.
+M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
+(`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
+bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows).
 """
 
 from __future__ import annotations
@@ -409,6 +411,112 @@ def case_gemm():
         del sets
 
 
+def expert_weights(e: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked random MXFP4 experts: int8 [E, N, K/2] + e8m0 [E, N, K/32]."""
+    w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=DEV).view(torch.int8)
+    s = torch.randint(118, 124, (e, n, k // 32), dtype=torch.uint8, device=DEV).view(torch.float8_e8m0fnu)
+    return w, s
+
+
+MOE_VARIANTS = ((64, 32, 32, 4, 4), (64, 64, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (128, 64, 128, 8, 3),
+                (64, 32, 64, 4, 3))  # (BM, BN w1/w3, BN w2, num_warps, num_stages)
+
+
+def case_moe():
+    """Grouped W4A8 MoE (`moe_experts`: routing sort + 2 launches over all experts, activation quant
+    included) at V4.1 expert shapes (hidden 5120, inter 2304, top-6), E = 16 (bench preset) and 256
+    (release), against (a) the per-expert loop it replaces (unique().tolist(), then per expert a row
+    gather, 3 fp4_linear launches and the SwiGLU; host time included, since it synchronises) and (b) a
+    bf16 dense GEMM pair of equal FLOPs ([R, 5120] x [5120, 4608], then [R, 2304] x [2304, 5120], R = 6T)."""
+    from dsv41_kernels.moe_triton import moe_experts_triton
+
+    inter, k6 = 2304, 6
+    for n_exp in (16, 256):
+        w1, s1 = expert_weights(n_exp, inter, HID)
+        w3, s3 = expert_weights(n_exp, inter, HID)
+        w2, s2 = expert_weights(n_exp, HID, inter)
+        per_expert = 3 * inter * HID // 2 + 3 * inter * HID // 32
+        for t in (8, 64, 8192):
+            x = torch.randn(t, HID, device=DEV).bfloat16()
+            ids = torch.rand(t, n_exp, device=DEV).topk(k6, dim=-1).indices
+            wts = torch.rand(t, k6, device=DEV)
+            r = t * k6
+            active = int(torch.unique(ids).numel())
+            flops = 6 * r * inter * HID
+            nbytes = active * per_expert + t * HID * 2 + r * (inter * 2 + HID * 2)
+            args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
+            want = ops.moe_experts.torch(*args) if t <= 64 else None
+            tg = bench_graph([lambda: moe_experts_triton(*args)])
+            note = f"{active} experts active"
+            if want is not None:
+                got = moe_experts_triton(*args).double()
+                err = ((got - want.double()).norm(dim=-1) / want.double().norm(dim=-1).clamp_min(1e-30)).max().item()
+                note += f"; worst row rel. error vs twin {err:.2e}"
+
+            def loop():
+                y = torch.zeros(t, HID, device=DEV)
+                for e in torch.unique(ids).tolist():
+                    rows, slot = torch.where(ids == e)
+                    xe = x[rows]
+                    g = ops.fp4_linear.triton(xe, w1[e], s1[e]).float()
+                    u = ops.fp4_linear.triton(xe, w3[e], s3[e]).float()
+                    h = wts[rows, slot, None] * (torch.nn.functional.silu(g.clamp(max=10.0)) * u.clamp(-10.0, 10.0))
+                    y[rows] += ops.fp4_linear.triton(h.bfloat16(), w2[e], s2[e]).float()
+                return y
+
+            tl_ = bench(loop, rep=20 if t <= 64 else 5)
+            xb = torch.randn(r, HID, device=DEV).bfloat16()
+            hb = torch.randn(r, inter, device=DEV).bfloat16()
+            wb1 = torch.randn(2 * inter, HID, device=DEV).bfloat16()
+            wb2 = torch.randn(HID, inter, device=DEV).bfloat16()
+            tb = bench_graph([lambda: (torch.nn.functional.linear(xb, wb1), torch.nn.functional.linear(hb, wb2))])
+            record("moe_experts (grouped)", f"E={n_exp} T={t} top-6", tg, nbytes, flops,
+                   note=f"{note}; per-expert loop {tl_ * 1e6:.0f} us ({tl_ / tg:.1f}x slower); bf16 dense GEMMs of equal "
+                        f"FLOPs {tb * 1e6:.1f} us: ours at {tb / tg:.2f}x their speed; HBM floor {nbytes / PEAK_BW * 1e6:.1f} us")
+            if t in (8, 8192) and n_exp == 16:
+                ref = moe_experts_triton(*args).view(torch.int16)
+                for cfg in MOE_VARIANTS:
+                    try:
+                        tv = bench_graph([lambda c=cfg: moe_experts_triton(*args, config=c)])
+                        same = torch.equal(moe_experts_triton(*args, config=cfg).view(torch.int16), ref)
+                        record("  moe variant", f"T={t} BM,BN1,BN2,warps,stages={cfg}", tv, nbytes, flops,
+                               note=f"bitwise equal to the default: {same}")
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                        print("  moe variant", cfg, "failed:", type(e).__name__, str(e)[:200])
+            del xb, hb, wb1, wb2
+        del w1, s1, w3, s3, w2, s2
+        torch.cuda.empty_cache()
+
+
+def case_layers():
+    """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
+    Triton launch vs the twin's torch formulation of the fixed order), RoPE rows (device table gather vs
+    the CPU build + copy per call)."""
+    from sglang_dsv41.layers.rope import Rotary
+
+    for t in (8, 8192):
+        for d in (5120, 1280, 512):
+            x = torch.randn(t, d, device=DEV).bfloat16()
+            w = torch.rand(d, device=DEV).bfloat16()
+            same = torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
+            timed("rms_norm", f"t={t} d={d}", ops.rms_norm, (x, w, 1e-6), t * d * 4 + d * 2, 0, twin_rep=10,
+                  note=f"bitwise equal to the twin: {same}")
+    import types
+
+    rope_cfg = types.SimpleNamespace(rope=types.SimpleNamespace(rope_head_dim=64, theta=10000.0, compress_theta=160000.0,
+                                                                yarn_original_max_pos=65536, yarn_factor=16, beta_fast=32,
+                                                                beta_slow=1))
+    rot = Rotary(rope_cfg, "yarn")
+    for t in (8, 8192):
+        pos = torch.randint(0, 1 << 20, (t,), device=DEV)
+        tcpu = bench(lambda: rot.freqs(pos), rep=20)
+        rot.use_table(rot.position_table(1 << 20, DEV))
+        ttab = bench_graph([lambda: rot.freqs(pos)])
+        same = all(torch.equal(a, b) for a, b in zip(rot.freqs(pos), (rot.use_table(None) or rot.freqs(pos))))
+        record("rope freqs (table)", f"t={t}", ttab, t * 64 * 4 * 2, 0,
+               note=f"CPU build + copy per call {tcpu * 1e6:.1f} us (host sync); bitwise equal: {same}")
+
+
 def write_md(path: str, bw: float, fl: float, header: str) -> None:
     lines = [header, "", f"Ceilings measured in this run: HBM copy {bw / 1e12:.2f} TB/s (read + write), "
              f"bf16 matmul {fl / 1e12:.0f} TFLOP/s.", "",
@@ -426,7 +534,7 @@ def main() -> None:
     global PEAK_BW, PEAK_FLOPS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
-    ap.add_argument("--only", default="stores,indexer,attention,engram,gemm")
+    ap.add_argument("--only", default="stores,indexer,attention,engram,gemm,moe,layers")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     header = f"Device: {props.name}, {props.total_memory >> 20} MiB, {props.multi_processor_count} SMs; torch {torch.__version__}"
@@ -440,7 +548,7 @@ def main() -> None:
         t0 = time.time()
         try:
             {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
-             "gemm": case_gemm}[part]()
+             "gemm": case_gemm, "moe": case_moe, "layers": case_layers}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
 

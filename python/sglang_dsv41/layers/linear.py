@@ -62,8 +62,19 @@ class FP8Linear(nn.Module):
         return self.gemm(x, self.weight, self.scale, self.block)
 
     def dequantized(self) -> torch.Tensor:
-        """bf16 [N, K] (exact: E4M3 x power of two fits bf16)."""
+        """bf16 [N, K] (exact: E4M3 x power of two fits bf16); the kept copy if `keep_dequantized`."""
+        kept = self.__dict__.get("_dequantized")
+        if kept is not None:
+            return kept
         return dequant_fp8_weight(self.weight, self.scale, self.block).to(torch.bfloat16)
+
+    def keep_dequantized(self, keep: bool = True) -> None:
+        """Transformation for layers that consume the bf16 weight (`wo_a`): compute it once now and
+        return that copy from `dequantized` (same bits), or drop it (keep=False)."""
+        self.__dict__.pop("_dequantized", None)
+        if keep:
+            with torch.inference_mode(False), torch.no_grad():
+                self.__dict__["_dequantized"] = self.dequantized()
 
 
 class MXFP4Linear(nn.Module):

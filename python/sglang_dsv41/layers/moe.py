@@ -5,6 +5,12 @@ top-k of scores + bias (bias selects, never weighs); weights renormalised (+1e-2
 route_scale. An expert computes silu(min(g, L)) * clamp(u, -L, L) in fp32, multiplies by its routing
 weight BEFORE the bf16 cast that feeds w2. Expert outputs (bf16) are summed in fp32 in expert-id
 order, then the shared expert's bf16 output, then one cast to bf16.
+
+Grouped routed experts (`routed_experts`, kernel slot `routed` -> op `moe_experts`): the (token, slot)
+pairs are sorted by expert once per layer and every expert runs on its contiguous segment of rows.
+Every GEMM row's math is the per-expert path's (MXFP8 quant per row, exact block partials per row), so
+grouping rows changes no bit. The routed weights live in stacked tensors [E, ...] (`expert_weights`:
+each expert's parameters become views of them, so the checkpoint names and memory are unchanged).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from torch import nn
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear, fp32_linear
+from sglang_dsv41.quant import fp4_linear
 
 
 class Gate(nn.Module):
@@ -39,6 +46,16 @@ class Gate(nn.Module):
         return w * self.route_scale, ids
 
 
+def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """g, u bf16 [t, I] (w1 / w3 outputs) -> fp32 [t, I] = weight * silu(min(g, L)) * clamp(u, -L, L)."""
+    g, u = g.float(), u.float()
+    if limit > 0:
+        u = u.clamp(-limit, limit)
+        g = g.clamp(max=limit)
+    h = F.silu(g) * u
+    return h if weight is None else weight * h
+
+
 class Expert(nn.Module):
     """SwiGLU FFN; `linear` is MXFP4Linear (routed) or FP8Linear (shared)."""
 
@@ -49,17 +66,53 @@ class Expert(nn.Module):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """x [t, H] bf16, weight [t, 1] fp32 or None -> bf16 [t, H]."""
-        g, u = self.w1(x).float(), self.w3(x).float()
-        if self.limit > 0:
-            u = u.clamp(-self.limit, self.limit)
-            g = g.clamp(max=self.limit)
-        h = F.silu(g) * u
-        if weight is not None:
-            h = weight * h
-        return self.w2(h.to(x.dtype))
+        return self.w2(swiglu(self.w1(x), self.w3(x), self.limit, weight).to(x.dtype))
+
+
+def routing_order(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids int [T, k] (distinct per row), weights fp32 [T, k] -> (expert int64 [T*k], weight fp32 [T*k],
+    perm int64 [T*k]). Output row r = t*k + j is token t's j-th smallest expert id (the summation order);
+    perm lists the rows grouped by expert (ascending id, rows ascending inside a group)."""
+    sid, rank = ids.long().sort(dim=1)
+    flat = sid.flatten()
+    return flat, weights.gather(1, rank).flatten(), torch.argsort(flat, stable=True)
+
+
+def routed_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> torch.Tensor:
+    """Grouped routed experts, pure torch (the oracle of op `moe_experts`).
+
+    x bf16 [T, H]; ids int [T, k] (distinct per row); weights fp32 [T, k]; w1 / w3 int8|uint8
+    [E, I, H/2] + e8m0 scales [E, I, H/32]; w2 [E, H, I/2] + [E, H, I/32]; limit = swiglu_limit.
+    -> bf16 [T, k, H]: [t, j] is the output of token t's j-th smallest expert, routing weight applied
+    before w2. One host read per call (the group sizes); each segment is the per-expert math."""
+    t, k = ids.shape
+    expert, wt, perm = routing_order(ids, weights)
+    counts = torch.bincount(expert, minlength=w1.size(0)).tolist()
+    out = x.new_empty(t * k, x.size(-1))
+    xs, ws = x[perm // k], wt[perm, None]
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            seg = slice(start, start + c)
+            h = swiglu(fp4_linear(xs[seg], w1[e], s1[e]), fp4_linear(xs[seg], w3[e], s3[e]), limit, ws[seg])
+            out[perm[seg]] = fp4_linear(h.to(x.dtype), w2[e], s2[e])
+            start += c
+    return out.view(t, k, x.size(-1))
+
+
+def combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """routed bf16 [T, k, H] (ascending expert id), shared bf16 [T, H] -> bf16 [T, H]: fp32 sum from +0
+    in slot order, then the shared expert, one cast."""
+    y = torch.zeros(shared.shape, dtype=torch.float32, device=shared.device)
+    for j in range(routed.size(1)):
+        y = y + routed[:, j].float()
+    return (y + shared.float()).to(shared.dtype)
 
 
 class MoE(nn.Module):
+    kernel_slots = {"routed": "moe_experts"}
+    routed = staticmethod(routed_experts)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         m = cfg.moe
@@ -68,13 +121,26 @@ class MoE(nn.Module):
             Expert(cfg.hidden_size, m.moe_inter_dim, MXFP4Linear, m.swiglu_limit) for _ in range(m.n_routed_experts)
         )
         self.shared_experts = Expert(cfg.hidden_size, m.moe_inter_dim, FP8Linear, m.swiglu_limit)
+        self._stacked: tuple[torch.Tensor, ...] | None = None
+
+    def expert_weights(self) -> tuple[torch.Tensor, ...]:
+        """(w1, s1, w3, s3, w2, s2), each stacked [E, ...]. Built on first use (and again if the
+        parameters were replaced, e.g. moved or reloaded): every expert parameter then becomes a view
+        of the stacked tensor, so nothing is held twice."""
+        params = [p for ex in self.experts for lin in (ex.w1, ex.w3, ex.w2) for p in (lin.weight, lin.scale)]
+        st = self._stacked
+        if st is not None and all(p.data_ptr() == st[i % 6][i // 6].data_ptr() for i, p in enumerate(params)):
+            return st
+        with torch.inference_mode(False), torch.no_grad():
+            st = tuple(torch.stack([p.data for p in params[i::6]]) for i in range(6))
+            for i, p in enumerate(params):
+                p.data = st[i % 6][i // 6]
+        self._stacked = st
+        return st
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] bf16 -> (y bf16 [T, H], routed expert ids int32 [T, k])."""
         weights, ids = self.gate(x, forced)
-        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in torch.unique(ids).tolist():  # ascending expert id: fixed fp32 summation order
-            rows, slot = torch.where(ids == e)
-            y[rows] += self.experts[e](x[rows], weights[rows, slot, None]).float()
-        y += self.shared_experts(x).float()
-        return y.to(x.dtype), ids.to(torch.int32)
+        w1, s1, w3, s3, w2, s2 = self.expert_weights()
+        routed = self.routed(x, ids, weights, w1, s1, w3, s3, w2, s2, self.shared_experts.limit)
+        return combine(routed, self.shared_experts(x)), ids.to(torch.int32)

@@ -20,10 +20,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 class RMSNorm(nn.Module):
+    kernel_slots = {"norm": "rms_norm"}
+    norm = staticmethod(rms_norm)  # (x, weight, eps) -> x.dtype
+
     def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self.norm(x, self.weight, self.eps)

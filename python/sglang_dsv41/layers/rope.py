@@ -48,9 +48,27 @@ class Rotary:
             self._key = (self.dim, r.compress_theta, r.yarn_original_max_pos, r.yarn_factor, r.beta_fast, r.beta_slow)
         else:
             raise ValueError(f"unknown rope kind {kind!r}")
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def table_key(self) -> tuple:
+        """Equal for Rotary objects with equal tables (layers of one kind share one table)."""
+        return self._key
+
+    def position_table(self, n: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) fp32 [n, dim/2] of positions 0..n-1 on `device`: rows equal `freqs` bit for bit."""
+        return rope_table(torch.arange(n, device=device), _inv_freq(*self._key))
+
+    def use_table(self, table: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Transformation: `freqs` indexes this `position_table` on its device (no host round trip,
+        no host sync) instead of building rows on the CPU per call; None restores the CPU build."""
+        self._table = table
 
     def freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int [T] -> (cos, sin), fp32 [T, dim/2] each."""
+        tab = self._table
+        if tab is not None and tab[0].device == positions.device:
+            return tab[0][positions], tab[1][positions]
         return rope_table(positions, _inv_freq(*self._key))
 
     def apply(self, x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], inverse: bool = False) -> torch.Tensor:

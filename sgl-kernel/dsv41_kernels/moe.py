@@ -1,0 +1,54 @@
+"""Grouped routed experts (W4A8 MoE): every (token, slot) pair of a layer in one op.
+
+    moe_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit) -> bf16 [T, k, H]
+
+x bf16 [T, H]; ids int [T, k] (distinct expert ids per row); weights fp32 [T, k] routing weights;
+w1 / w3 uint8|int8 [E, I, H/2] (MXFP4, low nibble = even element) with e8m0|uint8 scales [E, I, H/32];
+w2 [E, H, I/2] with [E, H, I/32]; limit = swiglu_limit (0: no clamp). Output [t, j] is token t's
+j-th smallest expert id's output (the fp32 summation order of the layer), per pair:
+    g, u = fp4_linear(x_t, w1_e), fp4_linear(x_t, w3_e)          bf16 (MXFP8 activations per row)
+    h    = bf16(weight * (silu(min(g, L)) * clamp(u, -L, L)))     fp32 math, one cast
+    y    = fp4_linear(h, w2_e)                                     bf16
+The twin here runs that per expert with this package's GEMM twins (exact block partials, so a row's
+bits do not depend on which rows share its expert); the Triton kernels (moe_triton.py) sort the pairs
+by expert once and run one grouped launch for w1 + w3 (SwiGLU, routing weight and the MXFP8 quant of
+h in the epilogue) and one for w2, with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dsv41_kernels.gemm import fp4_linear
+from dsv41_kernels.registry import attach_kernels, register
+
+
+def sorted_slots(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, k], weights [T, k] -> (expert ids ascending per row int64, their weights fp32)."""
+    sid, rank = ids.long().sort(dim=1)
+    return sid, weights.float().gather(1, rank)
+
+
+def _swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    g, u = g.float(), u.float()
+    if limit > 0:
+        g, u = torch.clamp(g, max=limit), torch.clamp(u, -limit, limit)
+    return F.silu(g) * u
+
+
+@register("moe_experts")
+def moe_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> torch.Tensor:
+    """See the module docstring. -> bf16 [T, k, H]."""
+    t, k = ids.shape
+    sid, wt = sorted_slots(ids, weights)
+    out = x.new_zeros(t, k, w2.size(1))
+    for e in torch.unique(sid).tolist():
+        rows, slot = torch.where(sid == e)
+        xe = x[rows]
+        h = wt[rows, slot].unsqueeze(-1) * _swiglu(fp4_linear.torch(xe, w1[e], s1[e]), fp4_linear.torch(xe, w3[e], s3[e]), limit)
+        out[rows, slot] = fp4_linear.torch(h.to(x.dtype), w2[e], s2[e])
+    return out
+
+
+attach_kernels("dsv41_kernels.moe_triton", "moe_experts")

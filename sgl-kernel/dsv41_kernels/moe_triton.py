@@ -1,0 +1,177 @@
+"""Triton grouped W4A8 MoE for Hopper: one launch for w1 + w3, one for w2, over every expert.
+
+Host side (device ops only, no synchronisation, fixed shapes for a given T, k, E):
+  pairs r = t*k + j (token t's j-th smallest expert id) are sorted by expert (stable), p = sorted
+  position; tiles of BM sorted rows never straddle two experts; tile i -> (expert, first p, end p),
+  at most min(R, cdiv(R, BM) + E) tiles (idle tiles exit at once).
+  x is MXFP8-quantized once per token (`mxfp8_quant_t`, bitwise `mxfp8_quant`): every pair of a token
+  reads the same bytes the per-expert path would compute.
+Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; two fp8 MMAs per
+  32-wide K block (w1, w3; E2M1 nibbles -> E4M3 in registers), block partial * (scale_x * scale_w)
+  accumulated in K order as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
+  routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32 columns, bitwise `mxfp8_quant` of
+  that h) stored at row p with transposed scales.
+Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block against w2; the bf16
+  result goes to output row r = perm[p].
+Numerics against the twin: the fp8 tensor-core partials (tolerance of gemm_triton), and silu from
+Triton's exp; nothing depends on which other rows share a tile (batch invariant for a fixed config).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41_kernels.gemm_triton import _e2m1_to_e4m3, mxfp8_quant_t
+from dsv41_kernels.moe import moe_experts
+from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
+
+
+@triton.jit
+def _fp4_tile(w_row, kb, n_ok):
+    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32] (low nibble = even element)."""
+    packed = tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0).to(tl.int32)
+    lo = _e2m1_to_e4m3(packed & 15)
+    hi = _e2m1_to_e4m3(packed >> 4)
+    return tl.reshape(tl.join(lo, hi), [packed.shape[0], 32]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
+    w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
+    out_ptr, os_ptr, os_rs, N, K, TOPK, limit,
+    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr,
+):
+    """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
+    w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
+    [E, N, K/32] (sw_es, sw_rs); rw fp32 [R] routing weight of pair r. STAGE1: out uint8 [R, N] at row p,
+    os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p]."""
+    pid_t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(tile_e_ptr + pid_t)
+    if e >= E:
+        return
+    p0 = tl.load(tile_p_ptr + pid_t)
+    p_end = tl.load(tile_end_ptr + pid_t)
+    rp = p0 + tl.arange(0, BM)
+    m_ok = rp < p_end
+    r = tl.load(perm_ptr + rp, mask=m_ok, other=0)
+    if STAGE1:
+        arow = r // TOPK
+    else:
+        arow = rp
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    rk = tl.arange(0, 32)
+    a_row = a_ptr + arow.to(tl.int64)[:, None] * K + rk[None, :]
+    w_row = w_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+    sw_row = sw_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
+    if STAGE1:
+        v_row = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+        sv_row = sv_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+    for kb0 in range(0, K // 32, SUB):
+        for i in tl.static_range(SUB):
+            kb = kb0 + i
+            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
+            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0)
+            b = _fp4_tile(w_row, kb, n_ok)
+            sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
+            acc = tl.fma(tl.dot(a, tl.trans(b)), sa[:, None] * sw[None, :], acc)
+            if STAGE1:
+                c = _fp4_tile(v_row, kb, n_ok)
+                sv = e8m0_value(tl.load(sv_row + kb, mask=n_ok, other=127))
+                acc2 = tl.fma(tl.dot(a, tl.trans(c)), sa[:, None] * sv[None, :], acc2)
+    if STAGE1:
+        g = bf16_round(acc)
+        u = bf16_round(acc2)
+        if limit > 0:
+            u = tl.where(u < -limit, -limit, tl.where(u > limit, limit, u))
+            g = tl.where(g > limit, limit, g)
+        h = g / (1.0 + tl.exp(-g)) * u
+        wt = tl.load(rw_ptr + r, mask=m_ok, other=0.0)
+        h = bf16_round(wt[:, None] * h)
+        hg = tl.reshape(h, [BM, BN // 32, 32])
+        amax = tl.reduce(tl.abs(hg), 2, max_nan, keep_dims=True)
+        amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
+        s = ue8m0_ceil(amax * (1.0 / 448.0))
+        q = e4m3_byte(hg * tl.math.div_rn(1.0, s))
+        q = tl.reshape(q, [BM, BN]).to(tl.uint8)
+        tl.store(out_ptr + rp.to(tl.int64)[:, None] * N + rn[None, :], q, mask=m_ok[:, None] & n_ok[None, :])
+        gcol = pid_n * (BN // 32) + tl.arange(0, BN // 32)
+        s2 = tl.reshape(s, [BM, BN // 32])
+        tl.store(os_ptr + gcol.to(tl.int64)[None, :] * os_rs + rp[:, None], s2,
+                 mask=m_ok[:, None] & (gcol < N // 32)[None, :])
+    else:
+        out = bf16_round(acc).to(tl.bfloat16)
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: int):
+    """-> (perm int32 [R] sorted position -> pair r, routing weight fp32 [R] by pair, tile expert /
+    first p / end p int32 [max_tiles]); device ops only (no host read)."""
+    t, k = ids.shape
+    r = t * k
+    sid, rank = ids.long().sort(dim=1)
+    wt = weights.float().gather(1, rank).flatten()
+    flat = sid.flatten()
+    perm = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    ends = torch.cumsum(counts, 0)
+    ntile = (counts + bm - 1) // bm
+    tend = torch.cumsum(ntile, 0)
+    max_tiles = min(r, triton.cdiv(r, bm) + n_experts)
+    tid = torch.arange(max_tiles, device=ids.device)
+    te = torch.searchsorted(tend, tid, right=True)
+    tec = te.clamp(max=n_experts - 1)
+    first = ends[tec] - counts[tec] + (tid - (tend[tec] - ntile[tec])) * bm
+    return perm.int(), wt, te.int(), first.int(), ends[tec].int()
+
+
+def pick_config(rows: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN1, BN2, num_warps, num_stages). Narrow N tiles were fastest at every size in the H200
+    sweep (benchmark/results/2026-12-01-h200-kernels-moe.md: T = 8 and 8192 tokens, E = 16); every
+    config gives the same bits."""
+    return 64, 32, 32, 4, 4
+
+
+@moe_experts.triton_impl
+def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages) overrides pick_config."""
+    t, k = ids.shape
+    n_exp, inter, hk = w1.shape
+    hid = 2 * hk
+    assert x.shape == (t, hid) and w2.shape == (n_exp, hid, inter // 2), (x.shape, w1.shape, w2.shape)
+    assert inter % 32 == 0 and hid % 32 == 0
+    out = torch.empty(t, k, hid, dtype=torch.bfloat16, device=x.device)
+    rows = t * k
+    if rows == 0:
+        return out
+    bm, bn1, bn2, warps, stages = config or pick_config(rows)
+    w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
+    s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
+    assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
+    perm, wt, te, first, end = routing_tiles(ids, weights, n_exp, bm)
+    qx, sx = mxfp8_quant_t(x.contiguous())
+    qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
+    sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)
+    tiles = te.numel()
+    hk_sub = 4 if (hid // 32) % 4 == 0 else 2 if (hid // 32) % 2 == 0 else 1
+    _moe_gemm_kernel[(tiles, triton.cdiv(inter, bn1))](
+        qx, sx, t, perm, te, first, end, n_exp,
+        w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0), s1.stride(1), wt,
+        qh, sh, rows, inter, hid, k, float(limit),
+        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, num_warps=warps, num_stages=stages)
+    i_sub = 4 if (inter // 32) % 4 == 0 else 2 if (inter // 32) % 2 == 0 else 1
+    _moe_gemm_kernel[(tiles, triton.cdiv(hid, bn2))](
+        qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp,
+        w2, w2, w2.stride(0), w2.stride(1), s2, s2, s2.stride(0), s2.stride(1), wt,
+        out, sh, rows, hid, inter, k, float(limit),
+        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, num_warps=warps, num_stages=stages)
+    return out
+
+
+__all__ = ["moe_experts_triton", "pick_config", "routing_tiles"]

@@ -1,0 +1,58 @@
+"""Triton RMSNorm in the fixed fp32 order (`dsv41_kernels.norm`), ROWS rows per program.
+
+Per row: the sum of squares in `reduction.ordered_sum`'s order (`ordered_sumsq`), an IEEE division
+by d, rsqrt(+ eps), then x * rstd * weight in fp32 (two roundings, as the twin), one cast. Launched
+without FMA contraction: bitwise equal to the twin on the GPU (the interpreter, too)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41_kernels.norm import rms_norm
+from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd
+from sglang_dsv41.reduction import cascade_step
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP: tl.constexpr,
+                     ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
+    """x [M, D] (row stride x_rs, unit column stride) -> out [M, D] contiguous."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = row < M
+    ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP)
+    rstd = rms_rstd(ss, D * 1.0, eps)[:, None]
+    for c in tl.static_range(0, D, CH):
+        col = c + tl.arange(0, CH)
+        cok = col < D
+        m = ok[:, None] & cok[None, :]
+        x = tl.load(x_ptr + row[:, None] * x_rs + col[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + col, mask=cok, other=0.0).to(tl.float32)
+        y = w[None, :] * (x * rstd)
+        if BF16_OUT:
+            tl.store(out_ptr + row[:, None] * D + col[None, :], bf16_round(y).to(tl.bfloat16), mask=m)
+        else:
+            tl.store(out_ptr + row[:, None] * D + col[None, :], y, mask=m)
+
+
+@rms_norm.triton_impl
+def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: int = 1):
+    """Same contract as the twin; d % 32 == 0 and bf16 / fp32 x (other shapes run the twin)."""
+    d = x.size(-1)
+    if d % 32 or x.dtype not in (torch.bfloat16, torch.float32) or weight is None:
+        return rms_norm.torch(x, weight, eps)
+    x2 = x.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.size(0)
+    out = torch.empty(m, d, dtype=x.dtype, device=x.device)
+    if m:
+        rows = rows or (1 if m <= 256 else 4)
+        _rms_norm_kernel[(triton.cdiv(m, rows),)](
+            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=cascade_step(d // 32), ROWS=rows,
+            CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
+    return out.view(x.shape)
+
+
+__all__ = ["rms_norm_triton"]

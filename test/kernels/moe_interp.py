@@ -1,0 +1,46 @@
+"""Runs the grouped MoE and RMSNorm Triton kernels through Triton's CPU interpreter on small
+cases against their twins; prints 'PASS name' / 'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT / "python"), str(ROOT / "sgl-kernel")]
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+
+def main() -> int:
+    import torch
+
+    from dsv41_kernels import ops
+    from moe_cases import assert_moe_close, build_moe
+
+    torch.set_num_threads(1)
+    checks = []
+
+    def moe():
+        args = build_moe(9, 3, 5, 128, 96, seed=1)
+        assert_moe_close(ops.moe_experts.triton(*args, 10.0), ops.moe_experts.torch(*args, 10.0))
+
+    def norm():
+        g = torch.Generator().manual_seed(2)
+        x = (torch.randn(5, 640, generator=g) * 3).bfloat16()
+        w = torch.rand(640, generator=g).bfloat16()
+        assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
+
+    bad = 0
+    for name, fn in (("moe_experts", moe), ("rms_norm", norm)):
+        try:
+            fn()
+            print(f"PASS {name}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case
+            bad += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

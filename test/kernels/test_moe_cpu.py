@@ -1,0 +1,103 @@
+"""CPU: the grouped MoE (layer formulation and the `moe_experts` twin) equals the per-expert path bit
+for bit; the rms_norm twin equals the layer function; the layer transformations of
+`use_kernels` (stacked experts, kept `wo_a`, RoPE position tables) change no bit; the Triton kernels
+of these ops through the interpreter (one subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_cases import build_moe
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+
+
+def _per_expert(x, ids, weights, w1, s1, w3, s3, w2, s2, limit):
+    """The per-expert loop the layer ran before grouping: rows of each expert, ascending id, fp32 sum."""
+    from sglang_dsv41.layers.moe import swiglu
+    from sglang_dsv41.quant import fp4_linear
+
+    y = torch.zeros(x.shape, dtype=torch.float32)
+    for e in torch.unique(ids).tolist():
+        rows, slot = torch.where(ids == e)
+        h = swiglu(fp4_linear(x[rows], w1[e], s1[e]), fp4_linear(x[rows], w3[e], s3[e]), limit, weights[rows, slot, None])
+        y[rows] += fp4_linear(h.to(x.dtype), w2[e], s2[e]).float()
+    return y
+
+
+@pytest.mark.parametrize("t, k, e", [(1, 6, 16), (13, 6, 16), (40, 2, 5), (0, 6, 16)])
+def test_grouped_equals_per_expert(t, k, e):
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.moe import routed_experts
+
+    args = build_moe(t, k, e, 128, 64, seed=t + k)
+    grouped = routed_experts(*args, 10.0)
+    assert torch.equal(_bits(ops.moe_experts.torch(*args, 10.0)), _bits(grouped))
+    y = torch.zeros(t, 128)
+    for j in range(k):
+        y = y + grouped[:, j].float()
+    assert torch.equal(_bits(y), _bits(_per_expert(*args, 10.0)))
+
+
+def test_moe_layer_uses_views_of_stacked_weights(tiny_model):
+    moe = tiny_model.layers[0].ffn
+    st = moe.expert_weights()
+    assert st[0].shape[0] == len(moe.experts)
+    assert moe.experts[1].w3.weight.data_ptr() == st[2][1].data_ptr()
+    assert moe.expert_weights() is st  # built once
+    x = (torch.randn(9, tiny_model.cfg.hidden_size) * 2).bfloat16()
+    with torch.inference_mode():
+        y, ids = moe(x)
+        w, _ = moe.gate(x)
+        want = _per_expert(x, ids.long(), w, *st, moe.shared_experts.limit) + moe.shared_experts(x).float()
+    assert torch.equal(_bits(y), _bits(want.bfloat16()))
+
+
+def test_norm_twin_equals_layer():
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.norm import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    for m in (1, 65, 130):
+        x = (torch.randn(m, 520, generator=g) * 5).bfloat16()
+        w = torch.randn(520, generator=g).bfloat16()
+        assert torch.equal(_bits(ops.rms_norm.torch(x, w, 1e-6)), _bits(rms_norm(x, w, 1e-6)))
+
+
+def test_layer_transformations_keep_bits(tiny_model):
+    attn = tiny_model.layers[2].attn
+    want = attn.wo_a.dequantized()
+    attn.wo_a.keep_dequantized()
+    try:
+        assert attn.wo_a.dequantized() is attn.wo_a.dequantized()
+        assert torch.equal(_bits(attn.wo_a.dequantized()), _bits(want))
+    finally:
+        attn.wo_a.keep_dequantized(False)
+    pos = torch.tensor([0, 5, 300, 4095, 17])
+    cos, sin = attn.rotary.freqs(pos)
+    tab = attn.rotary.position_table(4096, "cpu")
+    attn.rotary.use_table(tab)
+    try:
+        c2, s2 = attn.rotary.freqs(pos)
+    finally:
+        attn.rotary.use_table(None)
+    assert torch.equal(_bits(c2), _bits(cos)) and torch.equal(_bits(s2), _bits(sin))
+
+
+@pytest.mark.interp
+def test_kernels_under_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    script = Path(__file__).with_name("moe_interp.py")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert len(lines) == 2, res.stderr[-2000:]
+    assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
