@@ -54,7 +54,7 @@ def test_sglang_model_refuses_a_bad_layout_at_construction(tiny_model, monkeypat
 
 # ------------------------------------------------------------------ logits
 def _prefill_and_decode(model, ids: list[int], decode: int = 1) -> torch.Tensor:
-    drv = Driver(model, 512, 1, page_size=64)
+    drv = Driver(model, 512, 1, page_size=64, device=model.embed.weight.device)
     seq = Sequence(0, list(ids), len(ids))
     out = [drv.step([seq], [len(ids)], all_logits=True).logits]
     for _ in range(decode):  # decode: the n-gram history crosses forwards
