@@ -56,6 +56,8 @@ class ForwardOutput:
     positions: torch.Tensor
     """int64 [R] absolute position of each logits row."""
     decisions: Decisions
+    tail_rows: torch.Tensor | None = None
+    """int64 [n] the rows that ran the layers after a decoder-tail narrowing (None: every row)."""
 
 
 class DeepseekV41(nn.Module):
@@ -90,6 +92,7 @@ class DeepseekV41(nn.Module):
         hash_ids = kv.engram_ids(self.hasher, input_ids) if self.hasher is not None else None
         streams = self.embed(input_ids).unsqueeze(1).repeat(1, cfg.hc.hc_mult, 1)  # [N, n, H]
         pre = identity_pre(input_ids.numel(), cfg.hc.hc_mult, input_ids.device)
+        kept = None
         for layer in self.layers:
             lid = layer.role.layer_id
             if layer.engram is not None:
@@ -99,9 +102,10 @@ class DeepseekV41(nn.Module):
                 if keep is not None:  # decoder tail: pool every row, then go on with the kept ones
                     kv.store_compressed(layer.attn, layer.attn_input(streams, pre))
                     kv.narrow(keep)
+                    kept = keep
                     streams, pre = streams[keep], pre[keep]
                     hash_ids = hash_ids[keep] if hash_ids is not None else None
             streams, pre = layer(streams, pre, kv, dec, replay)
         rows = kv.logits_rows()
         logits = self.head(self.norm(collapse(streams[rows], pre[rows])))
-        return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec)
+        return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec, tail_rows=kept)

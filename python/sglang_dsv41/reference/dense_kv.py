@@ -1,12 +1,20 @@
-"""Dense KV: the keys of one whole sequence (positions 0..T-1) as bf16 tensors on their FP8 / FP4
-grids. The KV of the reference forward (the oracle) and of training (autograd flows through it).
+"""Dense KV: the keys of one sequence as bf16 tensors on their FP8 / FP4 grids. The KV of the
+reference forward (the oracle) and of training (autograd flows through it).
 
 Window key order per query (fixed width `window_size`, so block-64 boundaries never depend on the
 sequence length): oldest window position first, then -1 padding, then the selected compressed
 entries in ascending position order; the paged KV builds exactly the same lists.
-With `tail_replay` (spec attention 7.2) the forward narrows to the last `window_size` rows at the
-last KV source; their windows are floored at T - window_size (earlier rows' window keys of the
-later layers are never computed).
+
+The two SWA bounded-replay modes (spec attention 7) are written here as plainly as possible, so the
+paged runtime can be tested against them bit for bit:
+  decoder tail replay (`tail_replay`, 7.2)   the forward narrows to each prefill chunk's last
+      `window` rows at the last KV source; a kept row's late-layer window is floored at its chunk's
+      end - window (earlier rows' late-layer window keys are never computed). `chunk=None` is one
+      shot; with a chunk size the kept rows are the union of every chunk's tail.
+  encoder replay (`resume`, 7.1)             a prefix-cache hit of P tokens: compressed KV and index
+      keys of positions < P come from an earlier forward over the prefix (`cached`), the rows start
+      at P - min(P, window), every row's window is floored there, and only groups from P on are
+      pooled again.
 """
 
 from __future__ import annotations
@@ -20,58 +28,112 @@ from sglang_dsv41.layers.indexer import index_scores, mask_invisible
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 
 
-def window_indices(positions: torch.Tensor, window: int, floor: int, first_row: int) -> torch.Tensor:
+def window_indices(positions: torch.Tensor, window: int, floor: int | torch.Tensor, first_row: int) -> torch.Tensor:
     """Per query at absolute position p: local row indices of positions max(floor, p-W+1)..p,
-    oldest first, padded with -1 to exactly `window` entries. Rows are contiguous from `first_row`."""
-    lo = torch.clamp(positions - window + 1, min=floor)
+    oldest first, padded with -1 to exactly `window` entries. Key rows are contiguous positions from
+    `first_row`; `floor` is one position or one per query."""
+    lo = torch.maximum(positions - window + 1, torch.as_tensor(floor, device=positions.device))
     pos = lo.unsqueeze(-1) + torch.arange(window, device=positions.device)
     return torch.where(pos <= positions.unsqueeze(-1), pos - first_row, -1).to(torch.int32)
 
 
 class DenseKV:
-    """One forward over one sequence of `length` tokens (see layers/kv.py for the interface)."""
+    """One forward over one sequence (see layers/kv.py for the interface).
 
-    def __init__(self, cfg: ModelConfig, length: int, device: torch.device | str, tail_replay: bool = False):
+    `length` tokens in all; the forward's rows are positions `start`..length-1 (`start` > 0 only for
+    an encoder-replay hit, built with `resume`)."""
+
+    def __init__(self, cfg: ModelConfig, length: int, device: torch.device | str, tail_replay: bool = False,
+                 chunk: int | None = None):
         if tail_replay:
             cfg.check_decoder_tail_replay()
-        self.cfg, self.length, self.tail_replay = cfg, length, tail_replay
+        self.cfg, self.length, self.tail_replay, self.chunk = cfg, length, tail_replay, chunk
+        self.start = 0
+        self.prefix_ids: torch.Tensor | None = None  # int64 ids before `start` (Engram history)
         self.positions = torch.arange(length, device=device)
-        self.floor = 0  # first position whose window keys exist
+        self.floor = torch.zeros_like(self.positions)  # per row: first position its window may read
+        self.hit = 0  # encoder replay: positions < hit keep the cached compressed KV
         self.compressed: dict[int, torch.Tensor] = {}  # KV source -> bf16 [T // r, D] (FP4 grid)
         self.index_keys: dict[int, torch.Tensor] = {}  # KV source -> bf16 [T // r, di] (FP4 grid)
-        self._window: torch.Tensor | None = None  # current layer's window keys bf16 [N, D]
+        self.written: set[int] = set()
+        self._window: torch.Tensor | None = None  # current layer's window keys, bf16 [length - start, D]
+
+    @classmethod
+    def resume(cls, cached: "DenseKV", token_ids: torch.Tensor, hit: int, tail_replay: bool = False) -> "DenseKV":
+        """Encoder replay: `cached` ran over token_ids[:hit] (or more); this KV's rows are positions
+        hit - min(hit, window) .. len(token_ids)-1, all floored at that start."""
+        if hit % 2:
+            raise ValueError("encoder SWA replay requires an even cached-prefix boundary")
+        cfg = cached.cfg
+        kv = cls(cfg, token_ids.numel(), token_ids.device, tail_replay=tail_replay)
+        kv.start = hit - min(hit, cfg.attention.window_size)
+        kv.prefix_ids = token_ids[: kv.start].long()
+        kv.positions = kv.positions[kv.start:]
+        kv.floor = torch.full_like(kv.positions, kv.start)
+        kv.hit = hit
+        for lid, c in cached.compressed.items():
+            r = cfg.layer_roles[lid].compress_ratio
+            kv.compressed[lid] = c[: hit // r]
+            if lid in cached.index_keys:
+                kv.index_keys[lid] = cached.index_keys[lid][: hit // r]
+        return kv
 
     # ------------------------------------------------------------------ rows
     def logits_rows(self) -> torch.Tensor:
-        return torch.arange(self.positions.numel(), device=self.positions.device)
+        """Every row from the hit on (replay rows have no logits)."""
+        return torch.nonzero(self.positions >= self.hit).flatten()
 
     def engram_ids(self, hasher: EngramHasher, input_ids: torch.Tensor) -> torch.Tensor:
-        return hasher.hash_ids(input_ids)
+        if self.start == 0:
+            return hasher.hash_ids(input_ids)
+        width = hasher.max_ngram_size - 1
+        return hasher.hash_ids(input_ids, self.start, self.prefix_ids[-width:])
+
+    def _chunk_ends(self) -> torch.Tensor:
+        """int64 [N]: end position (exclusive) of each row's prefill chunk."""
+        if self.chunk is None:
+            return torch.full_like(self.positions, self.length)
+        ends = (torch.div(self.positions - self.start, self.chunk, rounding_mode="floor") + 1) * self.chunk + self.start
+        return ends.clamp(max=self.length)
 
     def tail_rows(self) -> torch.Tensor | None:
         if not self.tail_replay:
             return None
-        return torch.nonzero(self.positions >= self.length - self.cfg.attention.window_size).flatten()
+        ends = self._chunk_ends()
+        self._tail_floor = (ends - self.cfg.attention.window_size).clamp_min(0)
+        return torch.nonzero(self.positions >= self._tail_floor).flatten()
 
     def narrow(self, keep: torch.Tensor) -> None:
         self.positions = self.positions[keep]
-        self.floor = int(self.positions[0]) if self.positions.numel() else self.length
+        self.floor = torch.maximum(self.floor[keep], self._tail_floor[keep])
 
     # ------------------------------------------------------------------ keys
     def store_window(self, attn: Attention, kv: torch.Tensor, freqs) -> None:
-        self._window = attn.window_keys(kv, freqs)
+        keys = attn.window_keys(kv, freqs)
+        if keys.size(0) == self.length - self.start:
+            self._window = keys
+        else:  # narrowed: place the kept rows by position; other rows are never read (floors)
+            self._window = keys.new_zeros(self.length - self.start, keys.size(1))
+            self._window = self._window.index_copy(0, self.positions - self.start, keys)
 
     def store_compressed(self, attn: Attention, x: torch.Tensor) -> None:
-        """Pools the whole sequence (x rows are positions 0..T-1); each entry is rotated at its
-        group's first position. Only once per forward (the tail layer calls it before narrowing)."""
+        """Pools the rows (positions start..T-1, start even) into groups; each entry is rotated at its
+        group's first position. Groups before `hit` keep the cached entries. Once per forward (the tail
+        layer calls it before narrowing)."""
         lid, ratio = attn.role.layer_id, attn.role.compress_ratio
-        if lid in self.compressed:
+        if lid in self.written:
             return
-        latent = attn.compressor(x)
-        gfreqs = attn.rotary.freqs(torch.arange(latent.size(0), device=x.device) * ratio)
+        self.written.add(lid)
+        latent = attn.compressor(x)  # [(T - start) // r, D]
+        first = self.hit // ratio - self.start // ratio  # first group of this forward not cached
+        latent = latent[first:]
+        group_pos = (torch.arange(latent.size(0), device=x.device) + self.hit // ratio) * ratio
+        gfreqs = attn.rotary.freqs(group_pos)
+        comp = attn.compressed_kv(latent, gfreqs)
         if attn.role.is_index_source:
-            self.index_keys[lid] = attn.indexer.keys(latent, lambda t: attn.rotary.apply(t, gfreqs))
-        self.compressed[lid] = attn.compressed_kv(latent, gfreqs)
+            keys = attn.indexer.keys(latent, lambda t: attn.rotary.apply(t, gfreqs))
+            self.index_keys[lid] = torch.cat([self.index_keys[lid], keys]) if self.hit else keys
+        self.compressed[lid] = torch.cat([self.compressed[lid], comp]) if self.hit else comp
 
     def index_scores(self, attn: Attention, q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         visible = torch.div(self.positions + 1, attn.role.compress_ratio, rounding_mode="floor")
@@ -79,10 +141,10 @@ class DenseKV:
         return mask_invisible(scores, visible).float(), visible
 
     def attend(self, attn: Attention, q: torch.Tensor, topk: torch.Tensor | None) -> torch.Tensor:
-        keys, t = self._window, q.size(0)
-        first = int(self.positions[0]) if t else 0
-        idx = window_indices(self.positions, self.cfg.attention.window_size, self.floor, first)
+        keys = self._window
+        idx = window_indices(self.positions, self.cfg.attention.window_size, self.floor, self.start)
         if topk is not None:
+            n = keys.size(0)
             keys = torch.cat([keys, self.compressed[attn.role.kv_source]])
-            idx = torch.cat([idx, torch.where(topk >= 0, topk + t, -1)], dim=-1)
+            idx = torch.cat([idx, torch.where(topk >= 0, topk + n, -1)], dim=-1)
         return sparse_attention(q, keys, attn.attn_sink, idx, attn.softmax_scale)

@@ -7,6 +7,14 @@ Index spaces (glossary):
   slot       full-token pool slot (`token_table[b, position]`); allocated in pages so that the two
              positions of a ratio-2 pair share `slot // 2` (page size a multiple of 2)
   c-slot     compressed pool slot = slot // ratio of any token of the group
+
+SWA bounded replay (spec attention 7) adds three optional per-request fields:
+  replay_lens   encoder replay: leading rows that recompute cached tokens for their window KV only
+                (no compressed KV / index keys / logits); the request's cached prefix ends at
+                prefix_lens + replay_lens
+  window_floor  first position any row of the request may read window KV from (the replay start)
+  full_rows     decoder replay: True = the whole extend runs the late layers (prompt logprobs);
+                None = derived from `logits_rows`
 """
 
 from __future__ import annotations
@@ -37,6 +45,18 @@ class Batch:
     (Engram n-gram history; ignored where the position would be negative)."""
     logits_rows: torch.Tensor
     """int64 [R] rows whose logits are computed (e.g. the last row of every request)."""
+    replay_lens: torch.Tensor | None = None
+    """int64 [B] leading encoder-replay rows of each request (None = 0)."""
+    window_floor: torch.Tensor | None = None
+    """int64 [B] first readable window position of each request (None = 0)."""
+    full_rows: torch.Tensor | None = None
+    """bool [B] requests whose whole extend runs the late layers under decoder replay (None: those
+    with a logits row before their tail)."""
+
+    @property
+    def seq_ends(self) -> torch.Tensor:
+        """int64 [B] tokens of each request after this forward."""
+        return self.prefix_lens + self.extend_lens
 
     @property
     def num_rows(self) -> int:
@@ -57,9 +77,11 @@ class Batch:
         all_logits: bool = False,
         device: torch.device | str = "cpu",
         history_width: int = 0,
+        replay_lens: list[int] | None = None,
     ) -> "Batch":
         """Pack per-request new tokens. `history[b]` are the ids before prefix_lens[b]; rows are
-        left-padded with 0 to `history_width` (at least) columns."""
+        left-padded with 0 to `history_width` (at least) columns. `replay_lens[b]` leading tokens of
+        request b are encoder-replay rows (window floored at prefix_lens[b]; no logits)."""
         ext = [len(t) for t in new_tokens]
         rows_ids = [t for toks in new_tokens for t in toks]
         pos = [p0 + i for p0, n in zip(prefix_lens, ext) for i in range(n)]
@@ -68,7 +90,12 @@ class Batch:
         hist = torch.tensor([[0] * (width - len(h)) + list(h) for h in history], dtype=torch.int64)
         ends = torch.tensor(ext, dtype=torch.int64).cumsum(0)
         rows = torch.arange(sum(ext)) if all_logits else ends - 1
+        if all_logits and replay_lens:
+            rows = rows[torch.tensor([i >= r for r, n in zip(replay_lens, ext) for i in range(n)], dtype=torch.bool)]
         t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        replay = {}
+        if replay_lens and any(replay_lens):
+            replay = dict(replay_lens=t(replay_lens), window_floor=t([p if r else 0 for p, r in zip(prefix_lens, replay_lens)]))
         return Batch(
             input_ids=t(rows_ids),
             positions=t(pos),
@@ -79,4 +106,5 @@ class Batch:
             token_table=token_table.to(device),
             history=hist.to(device),
             logits_rows=rows.to(device),
+            **replay,
         )

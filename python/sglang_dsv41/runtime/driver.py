@@ -47,20 +47,40 @@ class Sequence:
     prefill_len: int
     pages: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose KV is in the pools
+    shared_pages: int = 0  # leading pages borrowed from another sequence (a prefix-cache hit)
+    window_ready: bool = True  # encoder replay: the request slot's window ring holds this sequence
 
 
 class Driver:
     def __init__(self, model: DeepseekV41, max_tokens: int, max_requests: int, page_size: int = 64,
-                 device: str | torch.device = "cpu", poison: bool = False, ops=None):
+                 device: str | torch.device = "cpu", poison: bool = False, ops=None,
+                 decoder_replay: bool = False, encoder_replay: bool = False):
         """`ops`: the paged KV's op table (default: registry ops). Kernels for the model's own slots
-        are the caller's choice (`runtime.kernels.use_kernels`), as `main` does on CUDA."""
+        are the caller's choice (`runtime.kernels.use_kernels`), as `main` does on CUDA.
+        `decoder_replay` / `encoder_replay`: the SWA bounded-replay modes (spec attention 7)."""
         self.model, self.device = model, device
         self.page_size = page_size
         num_slots = -(-max_tokens // page_size) * page_size + page_size
-        self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison)
+        self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison, window_rings=encoder_replay)
         self.alloc = PageAllocator(num_slots, page_size)
-        self.runtime = Runtime(model, self.pools, ops)
+        self.runtime = Runtime(model, self.pools, ops, decoder_replay=decoder_replay)
         self.max_requests = max_requests
+        self.encoder_replay = encoder_replay
+
+    def fork(self, src: Sequence, req_slot: int, new_tokens: list[int]) -> Sequence:
+        """A new request whose prompt starts with `src`'s cached tokens: a prefix-cache hit on the
+        whole pages of `src` (shared, not copied), then `new_tokens`."""
+        usable = src.cached
+        if self.runtime.decoder_replay and not self.encoder_replay:
+            # late-layer window KV of a cached prefix exists only for its tail rows: leave the last
+            # window of the prompt to recompute (spec attention 6.4)
+            usable = min(usable, src.cached + len(new_tokens) - self.model.cfg.attention.window_size)
+        pages = max(usable, 0) // self.page_size
+        hit = pages * self.page_size
+        tokens = src.tokens[:src.cached] + list(new_tokens)
+        self.pools.clear_request(req_slot)
+        return Sequence(req_slot, tokens, len(tokens), list(src.pages[:pages]), cached=hit, shared_pages=pages,
+                        window_ready=hit == 0)
 
     def _table(self, seqs: list[Sequence], length: int) -> torch.Tensor:
         for s in seqs:
@@ -78,19 +98,25 @@ class Driver:
         `replay` (Decisions) forces routing / top-k / candidate decisions for these rows."""
         ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
         table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
+        # encoder replay: a hit's first forward recomputes its last min(P, window) cached tokens
+        W = self.model.cfg.attention.window_size
+        rep = [min(s.cached, W) if self.encoder_replay and not s.window_ready else 0 for s in seqs]
+        starts = [s.cached - r for s, r in zip(seqs, rep)]
         batch = Batch.build(
-            [s.tokens[s.cached : s.cached + c] for s, c in zip(seqs, counts)],
-            [s.cached for s in seqs],
+            [s.tokens[a : s.cached + c] for s, a, c in zip(seqs, starts, counts)],
+            starts,
             table,
             [s.req_slot for s in seqs],
-            [s.tokens[max(0, s.cached - ngram) : s.cached] for s in seqs],
+            [s.tokens[max(0, a - ngram) : a] for s, a in zip(seqs, starts)],
             all_logits=all_logits,
             device=self.device,
             history_width=ngram,
+            replay_lens=rep,
         )
         out = self.runtime.forward(batch, replay)
         for s, c in zip(seqs, counts):
             s.cached += c
+            s.window_ready = True
         return out
 
     def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192, teacher: list[list[int]] | None = None,
@@ -102,12 +128,19 @@ class Driver:
         `teacher[r]` is fed as request r's new tokens instead of the argmax (teacher forcing); `replays[i]`
         (Decisions) forces step i's decisions; `trace`, if a list, gets one `StepTrace` per step.
         """
-        steps = iter(replays or ())
         if len(prompts) > self.max_requests:
             raise ValueError(f"{len(prompts)} prompts exceed max_requests={self.max_requests}")
         seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(prompts)]
         for s in seqs:
             self.pools.clear_request(s.req_slot)
+        return self.run(seqs, max_new, chunk, teacher, replays, trace)
+
+    def run(self, seqs: list[Sequence], max_new: int, chunk: int = 8192, teacher: list[list[int]] | None = None,
+            replays: list | None = None, trace: list | None = None, release: bool = True) -> tuple[list[list[int]], dict]:
+        """`generate` over given sequences (new ones or `fork`s); `release=False` keeps their pages
+        (a prefix for later forks). `teacher` is indexed by request slot."""
+        steps = iter(replays or ())
+        prompt_tokens = sum(s.prefill_len - s.cached for s in seqs)
         sync = torch.cuda.synchronize if str(self.device).startswith("cuda") else (lambda: None)
         t0 = time.perf_counter()
         last = {}
@@ -125,7 +158,7 @@ class Driver:
                     last[s.req_slot] = row
         sync()
         t_prefill = time.perf_counter() - t0
-        new = [[] for _ in seqs]
+        new = {s.req_slot: [] for s in seqs}
         t0 = time.perf_counter()
         for i in range(max_new):
             for s in seqs:
@@ -140,13 +173,19 @@ class Driver:
                 last[s.req_slot] = row
         sync()
         t_decode = time.perf_counter() - t0
-        for s in seqs:
-            for base in s.pages:
-                self.alloc.release(base)
+        if release:
+            self.release(seqs)
         stats = {"prefill_s": t_prefill, "decode_s": t_decode,
-                 "prefill_tok_s": sum(len(p) for p in prompts) / max(t_prefill, 1e-9),
+                 "prefill_tok_s": prompt_tokens / max(t_prefill, 1e-9),
                  "decode_tok_s": len(seqs) * max(max_new - 1, 0) / max(t_decode, 1e-9)}
-        return new, stats
+        return [new[s.req_slot] for s in seqs], stats
+
+    def release(self, seqs: list[Sequence]) -> None:
+        """Free the sequences' own pages (borrowed prefix pages stay with their owner)."""
+        for s in seqs:
+            for base in s.pages[s.shared_pages:]:
+                self.alloc.release(base)
+            s.pages = []
 
 
     @staticmethod
@@ -194,13 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", help="write the generated token ids as json")
+    ap.add_argument("--decoder-replay", action="store_true", help="decoder SWA bounded replay (tail-only prefill)")
+    ap.add_argument("--encoder-replay", action="store_true", help="encoder SWA bounded replay (window KV in request rings)")
     a = ap.parse_args(argv)
     model = load_model(a.model, device=a.device, progress=False)
     table = kernel_table(a.device)
     use_kernels(model, table)
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size,
-                 a.device, ops=table)
+                 a.device, ops=table, decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay)
     new, stats = drv.generate(prompts, a.decode, a.chunk)
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
     if a.out:

@@ -6,6 +6,15 @@ KV and index keys into the pools *before* attention, so a row sees its own chunk
 chunks / cached prefixes through `token_table`, and decode needs nothing else. Key order per query
 matches the dense KV exactly (window: fixed width, oldest first; then the selected compressed
 positions ascending), so results agree with the reference row by row.
+
+SWA bounded replay (spec attention 7; the dense KV writes out the same semantics):
+  decoder (`decoder_replay`)  at the last KV source the forward narrows to each request's last
+      `window` rows (unless the request has logits rows before them: prompt logprobs run the whole
+      extend), whose late-layer windows are floored at seq_end - window.
+  encoder (pools in ring mode + `batch.replay_lens`)  window KV lives in per-request rings: the
+      forward's rows write into a workspace, read older window positions from their request's ring,
+      and after each layer's attention the last `window` positions of every request are committed to
+      its ring. Replay rows (a hit's recomputed cached tokens) write no compressed KV or index keys.
 """
 
 from __future__ import annotations
@@ -17,73 +26,136 @@ from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.runtime.batch import Batch
 from sglang_dsv41.runtime.pools import KVPools
 
+TAIL_MISSES_ROWS = "decoder SWA bounded replay tail misses prompt-logprob rows"
+
 
 class PagedKV:
     """One forward of `batch` over `pools` (per-forward derived indices live here)."""
 
-    def __init__(self, cfg: ModelConfig, pools: KVPools, batch: Batch, ops):
+    def __init__(self, cfg: ModelConfig, pools: KVPools, batch: Batch, ops, decoder_replay: bool = False):
+        if decoder_replay:
+            cfg.check_decoder_tail_replay()
         self.cfg, self.pools, self.batch, self.ops = cfg, pools, batch, ops
+        self.decoder_replay = decoder_replay
+        # current rows (all of the batch; after a decoder-tail narrowing, the kept ones)
         self.positions = batch.positions
-        self.out_slots = batch.out_slots  # int64 [N] pool slot each row writes
-        self.window_slots = self._window_slots()  # int64 [N, W]
+        self.req = batch.req_index  # int64 [N] request of each row
+        self.out_slots = batch.out_slots  # int64 [N] pool slot each row writes (compressed KV)
+        self.logits = batch.logits_rows
+        floor = batch.window_floor
+        self.floor = floor[self.req] if floor is not None else torch.zeros_like(self.positions)
+        self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # (tail floor, full) per request
+        if pools.window_rings:
+            pools.reserve_workspace(batch.num_rows)
+        self._rows_changed()
+        self.written: set[int] = set()
+
+    def _rows_changed(self) -> None:
+        self.window_slots, self.window_out = self._window_slots()
         self.slot_tables: dict[int, torch.Tensor] = {}  # ratio -> int64 [N, n_max]
         self.comp_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index source -> (topk, slots [N, K])
-        self.written: set[int] = set()
 
     # ------------------------------------------------------------------ rows
     def logits_rows(self) -> torch.Tensor:
-        return self.batch.logits_rows
+        return self.logits
 
     def engram_ids(self, hasher: EngramHasher, input_ids: torch.Tensor) -> torch.Tensor:
         b, width = self.batch, self.cfg.engram.max_ngram_size - 1
         return hasher.hash_packed(input_ids, b.extend_lens, b.prefix_lens, b.history[:, -width:])
 
     def tail_rows(self) -> torch.Tensor | None:
-        return None  # every row runs every layer (decoder bounded replay is not wired for pools yet)
+        if not self.decoder_replay:
+            return None
+        b, W = self.batch, self.cfg.attention.window_size
+        tail_floor = (b.seq_ends - W).clamp_min(0)
+        needs = self.positions[self.logits] < tail_floor[self.req[self.logits]]  # logits rows before the tail
+        full = torch.zeros_like(tail_floor, dtype=torch.bool).index_fill(0, self.req[self.logits][needs], True)
+        if b.full_rows is not None:
+            if bool((full & ~b.full_rows).any()):
+                raise ValueError(TAIL_MISSES_ROWS)
+            full = b.full_rows
+        self._tail = (tail_floor, full)
+        return torch.nonzero(full[self.req] | (self.positions >= tail_floor[self.req])).flatten()
 
     def narrow(self, keep: torch.Tensor) -> None:
-        raise NotImplementedError("the paged KV does not narrow rows")
+        tail_floor, full = self._tail
+        new_index = torch.full_like(self.positions, -1).index_copy(0, keep, torch.arange(keep.numel(), device=keep.device))
+        self.logits = new_index[self.logits]
+        if bool((self.logits < 0).any()):
+            raise ValueError(TAIL_MISSES_ROWS)
+        self.positions, self.req, self.out_slots = self.positions[keep], self.req[keep], self.out_slots[keep]
+        self.floor = torch.maximum(self.floor[keep], torch.where(full, 0, tail_floor)[self.req])
+        self._rows_changed()
 
-    def _window_slots(self) -> torch.Tensor:
-        """int64 [N, W]: slots of positions max(0, p-W+1)..p, oldest first, -1 padded to W."""
-        b, W = self.batch, self.cfg.attention.window_size
-        lo = (b.positions - W + 1).clamp_min(0)
+    def _window_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (int64 [N, W] window pool rows of positions max(floor, p-W+1)..p, oldest first, -1
+        padded to W; int64 [N] the row each current row writes)."""
+        b, W, pools = self.batch, self.cfg.attention.window_size, self.pools
+        lo = torch.maximum(self.positions - W + 1, self.floor)
         pos = lo.unsqueeze(-1) + torch.arange(W, device=lo.device)
-        valid = pos <= b.positions.unsqueeze(-1)
-        slots = b.token_table[b.req_index.unsqueeze(-1), pos.clamp(max=b.token_table.size(1) - 1)]
-        return torch.where(valid, slots, -1)
+        valid = pos <= self.positions.unsqueeze(-1)
+        if not pools.window_rings:
+            slots = b.token_table[self.req.unsqueeze(-1), pos.clamp(max=b.token_table.size(1) - 1)]
+            return torch.where(valid, slots, -1), self.out_slots
+        # ring mode: positions from the request's first current row on are in the workspace
+        n, nreq = self.positions.numel(), b.req_slots.numel()
+        rows = torch.arange(n, device=lo.device)
+        big = torch.iinfo(torch.int64).max
+        first = torch.full((nreq,), big, device=lo.device).scatter_reduce(0, self.req, self.positions, "amin")
+        row0 = torch.full((nreq,), big, device=lo.device).scatter_reduce(0, self.req, rows, "amin")
+        f, r0 = first[self.req].unsqueeze(-1), row0[self.req].unsqueeze(-1)
+        ring = b.req_slots[self.req].unsqueeze(-1) * pools.ring_capacity + pos % pools.ring_capacity
+        slots = torch.where(pos >= f, pools.workspace_base + r0 + (pos - f), ring)
+        return torch.where(valid, slots, -1), pools.workspace_base + rows
+
+    def _commit_ring(self, layer_id: int) -> None:
+        """Ring mode, after a layer's attention: each request's last C positions -> its ring."""
+        pools, b = self.pools, self.batch
+        c = pools.ring_capacity
+        last = self.positions >= b.seq_ends[self.req] - c
+        dst = b.req_slots[self.req[last]] * c + self.positions[last] % c
+        pool = pools.window[layer_id]
+        pool[dst] = pool[self.window_out[last]]
 
     def _slot_table(self, ratio: int) -> torch.Tensor:
         """int64 [N, n_max]: c-slot of compressed position j visible to row t, else -1."""
         if ratio not in self.slot_tables:
             b = self.batch
-            visible = torch.div(b.positions + 1, ratio, rounding_mode="floor")
-            n_max = int(visible.max()) if b.num_rows else 0
+            visible = torch.div(self.positions + 1, ratio, rounding_mode="floor")
+            n_max = int(visible.max()) if visible.numel() else 0
             j = torch.arange(n_max, device=visible.device)
             pos = (j * ratio).clamp(max=b.token_table.size(1) - 1)
-            slots = b.token_table[b.req_index.unsqueeze(-1), pos.unsqueeze(0)] // ratio
+            slots = b.token_table[self.req.unsqueeze(-1), pos.unsqueeze(0)] // ratio
             self.slot_tables[ratio] = torch.where(j.unsqueeze(0) < visible.unsqueeze(-1), slots, -1)
         return self.slot_tables[ratio]
 
     # ------------------------------------------------------------------ keys
     def store_window(self, attn, kv: torch.Tensor, freqs) -> None:
         norm = attn.kv_norm
-        self.ops.window_kv_store(kv, norm.weight, norm.eps, *freqs, self.out_slots, self.pools.window[attn.role.layer_id])
+        self.ops.window_kv_store(kv, norm.weight, norm.eps, *freqs, self.window_out, self.pools.window[attn.role.layer_id])
 
     def store_compressed(self, attn, x: torch.Tensor) -> None:
-        """Pool every group completed by this forward's rows and store its compressed KV and index
-        keys; park a trailing even token of a ratio-2 source in the pending state."""
+        """Pool every group completed by this forward's new rows (not encoder-replay rows: their
+        groups are cached) and store its compressed KV and index keys; park a trailing even token of
+        a ratio-2 source in the pending state."""
         r, lid, b = attn.role.compress_ratio, attn.role.layer_id, self.batch
         if lid in self.written:
             return
         self.written.add(lid)
         comp = attn.compressor
+        hit_end = b.prefix_lens + b.replay_lens if b.replay_lens is not None else None
         if r == 1:
-            rows = torch.arange(b.num_rows, device=x.device)
             latent = comp(x)
+            rows = torch.arange(b.num_rows, device=x.device)
+            if hit_end is not None:
+                rows = torch.nonzero(b.positions >= hit_end[b.req_index]).flatten()
+                latent = latent[rows]
         else:
             kv, score = comp.project(x)
-            rows = torch.nonzero(b.positions % 2 == 1).flatten()  # odd positions close a pair
+            closes = b.positions % 2 == 1  # odd positions close a pair
+            if hit_end is not None:
+                closes &= b.positions >= hit_end[b.req_index]
+            rows = torch.nonzero(closes).flatten()
             first_row_pos = b.prefix_lens[b.req_index[rows]]
             from_pending = b.positions[rows] - 1 < first_row_pos  # partner parked by an earlier forward
             pend = self.pools.pending[lid][b.req_slots[b.req_index[rows]]]  # [m, 2, D]
@@ -97,7 +169,7 @@ class PagedKV:
             self.pools.pending[lid][b.req_slots[b.req_index[parks]]] = torch.stack([kv[parks], score[parks]], 1)
         if rows.numel() == 0:
             return
-        c_slots = self.out_slots[rows] // r
+        c_slots = b.out_slots[rows] // r
         cos, sin = attn.rotary.freqs(b.positions[rows] + 1 - r)  # the group's first position
         self.ops.compressed_kv_store(latent, cos, sin, c_slots, self.pools.compressed[lid])
         if attn.role.is_index_source:
@@ -119,6 +191,9 @@ class PagedKV:
                 cached = (topk, torch.where(topk >= 0, table.gather(1, topk.clamp_min(0).long()), -1))
                 self.comp_slots[role.index_source] = cached
             comp_pool, comp_slots = self.pools.compressed[role.kv_source], cached[1]
-        return self.ops.sparse_attention_paged(
+        out = self.ops.sparse_attention_paged(
             q, self.pools.window[role.layer_id], self.window_slots, comp_pool, comp_slots, attn.attn_sink, attn.softmax_scale
         )
+        if self.pools.window_rings:
+            self._commit_ring(role.layer_id)
+        return out

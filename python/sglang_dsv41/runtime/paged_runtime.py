@@ -2,6 +2,9 @@
 
     rt = Runtime(model, pools)            # op table: registry ops (Triton on CUDA, twins elsewhere)
     out = rt.forward(batch, replay=None)  # ForwardOutput: fp32 logits of batch.logits_rows + decisions
+SWA bounded replay (spec attention 7): `decoder_replay=True` narrows every prefill forward to each
+request's tail at the last KV source (decode-only forwards are unaffected and run as usual); encoder
+replay is a property of the pools (`KVPools(window_rings=True)`) and of the batch (`replay_lens`).
 The model's own kernel slots (GEMMs, indexer query/top-k, Engram) are applied by whoever owns the
 model (`runtime.kernels.use_kernels`); the runtime never changes the model it is given.
 """
@@ -19,10 +22,15 @@ from sglang_dsv41.runtime.pools import KVPools
 
 
 class Runtime:
-    def __init__(self, model: DeepseekV41, pools: KVPools, ops: OpTable | None = None):
+    def __init__(self, model: DeepseekV41, pools: KVPools, ops: OpTable | None = None, decoder_replay: bool = False):
+        if decoder_replay:
+            model.cfg.check_decoder_tail_replay()
         self.model, self.cfg, self.pools = model, model.cfg, pools
         self.ops = ops if ops is not None else OpTable.kernels()
+        self.decoder_replay = decoder_replay
 
     @torch.inference_mode()
     def forward(self, batch: Batch, replay: Decisions | None = None) -> ForwardOutput:
-        return self.model(batch.input_ids, PagedKV(self.cfg, self.pools, batch, self.ops), replay)
+        extends = batch.num_rows > batch.req_slots.numel()  # some request has more than one new row
+        kv = PagedKV(self.cfg, self.pools, batch, self.ops, decoder_replay=self.decoder_replay and extends)
+        return self.model(batch.input_ids, kv, replay)
