@@ -3,7 +3,8 @@ decisions on the same checkpoint, teacher-forced on the server's tokens (test/se
 runs the paged runtime inside SGLang's scheduler with scalar ATen kernels (ATEN_CPU_CAPABILITY=default,
 inherited), so greedy tokens and routed experts must be equal and logprobs equal within LOGPROB_ATOL (see
 docs/sglang.md, tolerance table). The server also runs `--enable-return-routed-experts` (on CPU; the
-capture only copies expert ids and changes neither scheduling nor math)."""
+capture only copies expert ids and changes neither scheduling nor math), and full prefill
+(`--no-enable-decoder-swa-bounded-replay`; test_swa_replay_server.py covers the replay modes)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ LOGPROB_ATOL = 1e-5
 def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("numerics") / "server.log"
     srv = start_server(tiny_dir, log, "--chunked-prefill-size", "64", "--enable-mixed-chunk",
-                       "--enable-return-routed-experts")
+                       "--enable-return-routed-experts", "--no-enable-decoder-swa-bounded-replay")
     yield srv
     stop_server(srv.proc)
 

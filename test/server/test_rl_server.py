@@ -24,7 +24,8 @@ from sglang_dsv41.train.weight_sync import write_partial_checkpoint
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("rl_server") / "server.log"
-    srv = start_server(tiny_dir, log, "--enable-return-routed-experts", env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
+    srv = start_server(tiny_dir, log, "--enable-return-routed-experts", "--no-enable-decoder-swa-bounded-replay",
+                       env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
     yield srv
     stop_server(srv.proc)
 

@@ -11,7 +11,8 @@ import torch
 
 from sglang_dsv41.sglang import hooks
 from sglang_dsv41.sglang.forward import TokenStore, plan_logits
-from sglang_dsv41.sglang.server_args import ARCHITECTURE, _flag_errors, resolve_model_name, v41_defaults, validate_flags
+from sglang_dsv41.sglang.server_args import (ARCHITECTURE, _flag_errors, resolve_decoder_replay, resolve_model_name,
+                                             v41_defaults, validate_flags)
 
 
 @pytest.mark.parametrize("hook", hooks.HOOKS, ids=lambda h: h.target.rsplit(".", 1)[-1])
@@ -107,13 +108,44 @@ def test_aliases(tmp_path, monkeypatch):
     ("enable_two_batch_overlap", True, "--enable-two-batch-overlap"),
     ("speculative_algorithm", "EAGLE", "--speculative-algorithm"),
     ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
-    ("enable_encoder_swa_bounded_replay", True, "--enable-encoder-swa-bounded-replay"),
-    ("enable_decoder_swa_bounded_replay", True, "--enable-decoder-swa-bounded-replay"),
     ("enable_unified_memory", True, "--enable-unified-memory"),
 ])
 def test_rejected_flags_name_the_flag(field, value, flag):
     with pytest.raises(ValueError, match=flag):
         validate_flags(SimpleNamespace(**{field: value}), on_cpu=True)
+
+
+ENC = "--enable-encoder-swa-bounded-replay"
+
+
+@pytest.mark.parametrize("extra, flag", [
+    ({"enable_mixed_chunk": True}, "--enable-mixed-chunk"),
+    ({"enable_lora": True}, "--enable-lora"),
+    ({"enable_session_radix_cache": True}, "--enable-session-radix-cache"),
+    ({"disaggregation_mode": "decode"}, "--disaggregation-mode"),
+    ({"chunked_prefill_size": 191, "page_size": 64}, "--chunked-prefill-size"),
+    ({"chunked_prefill_size": 383, "page_size": 256}, "--chunked-prefill-size"),
+    ({"max_running_requests": 0}, "--max-running-requests"),
+])
+def test_encoder_replay_rejected_combinations(extra, flag):
+    """Spec attention 7.1: each combination fails at startup naming both flags."""
+    with pytest.raises(ValueError, match=f"^{flag}: {ENC} does not support"):
+        validate_flags(SimpleNamespace(enable_encoder_swa_bounded_replay=True, **extra), on_cpu=True)
+    assert _flag_errors(SimpleNamespace(enable_encoder_swa_bounded_replay=False, **extra), on_cpu=True) == []
+
+
+def test_replay_flags_accepted_and_resolved():
+    ok = SimpleNamespace(enable_encoder_swa_bounded_replay=True, enable_decoder_swa_bounded_replay=True,
+                         chunked_prefill_size=192, page_size=64, max_running_requests=8)
+    assert _flag_errors(ok, on_cpu=True) == [] and _flag_errors(ok, on_cpu=False) == []
+    with pytest.raises(ValueError, match="--enable-decoder-swa-bounded-replay: cannot be combined with --enable-return-hidden"):
+        validate_flags(SimpleNamespace(enable_decoder_swa_bounded_replay=True, enable_return_hidden_states=True), True)
+    # tri-state: unset -> on (off when every prompt row's hidden state is returned); explicit wins
+    assert resolve_decoder_replay(SimpleNamespace(), {}) is True
+    assert resolve_decoder_replay(SimpleNamespace(enable_return_hidden_states=True), {}) is False
+    assert resolve_decoder_replay(SimpleNamespace(), {"enable_decoder_swa_bounded_replay": False}) is None
+    assert v41_defaults(SimpleNamespace(), {}, on_cpu=True) == {"page_size": 64, "enable_decoder_swa_bounded_replay": True}
+    assert v41_defaults(SimpleNamespace(), {"enable_decoder_swa_bounded_replay": False}, on_cpu=True) == {"page_size": 64}
 
 
 @pytest.mark.parametrize("on_cpu", [True, False])

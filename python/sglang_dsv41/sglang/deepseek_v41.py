@@ -23,6 +23,8 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.runtime import KVPools, Runtime
 from sglang_dsv41.sglang.engram_host import EngramHostPlacement
+from sglang_dsv41.sglang.request_windows import RequestWindows
+from sglang_dsv41.sglang.server_args import swa_replay_modes
 from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.report import startup_report
 
@@ -51,6 +53,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.model = DeepseekV41(self.cfg)
         self.logits_processor = LogitsProcessor(config)
         self.runtime: Runtime | None = None
+        self.windows: RequestWindows | None = None
         self.store: TokenStore | None = None
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
         self.history_width = max(ngram - 1, 1)
@@ -135,11 +138,13 @@ class DeepseekV41ForCausalLM(nn.Module):
             req_to_token = get_req_to_token_pool().req_to_token
             num_req_slots = int(req_to_token.shape[0])
             device = fb.input_ids.device
-            pools = KVPools(self.cfg, num_slots, num_req_slots, device)
-            self.runtime = Runtime(self.model, pools)
+            replay = swa_replay_modes()
+            pools = KVPools(self.cfg, num_slots, num_req_slots, device, window_rings=replay.encoder)
+            self.runtime = Runtime(self.model, pools, decoder_replay=replay.decoder)
+            self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
             self.store = TokenStore(num_slots, device)
             logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
-                                               self.engram_host))
+                                               self.engram_host, replay))
         return self.runtime
 
     # ------------------------------------------------------------------ forward
@@ -157,8 +162,12 @@ class DeepseekV41ForCausalLM(nn.Module):
             starts = fb.extend_logprob_start_lens_cpu if meta.extend_return_logprob else None
             plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
         req_to_token = get_req_to_token_pool().req_to_token
-        out = runtime.forward(build_batch(fb, req_to_token, self.store, self.history_width, plan.rows))
-        self._capture_routed_experts(out.decisions.routed_experts)
+        replay_lens = self._window_replay(fb)
+        batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens)
+        out = runtime.forward(batch)
+        if self.windows is not None:
+            self.windows.advance(list(fb.rids or [None] * fb.batch_size), batch.req_slots.tolist(), batch.seq_ends.tolist())
+        self._capture_routed_experts(out.decisions.routed_experts, batch, out.tail_rows)
         # Runtime.forward runs under inference_mode; SGLang's sampler scales logits in place outside
         # it, which an inference tensor refuses. A copy (rows x vocab) is a normal tensor.
         logits = out.logits.clone()
@@ -192,14 +201,35 @@ class DeepseekV41ForCausalLM(nn.Module):
             raise ValueError(f"DeepseekV41ForCausalLM: token ids {ids} outside [0, {vocab}) reached the forward "
                              f"(requests {getattr(fb, 'rids', None)}); request validation should have refused them")
 
-    def _capture_routed_experts(self, routed: dict[int, torch.Tensor]) -> None:
+    def _window_replay(self, fb) -> list[int] | None:
+        """Encoder SWA bounded replay: cached tokens to recompute in front of each request."""
+        if self.windows is None:
+            return None
+        rids = list(fb.rids or [None] * fb.batch_size)
+        slots = fb.req_pool_indices.tolist()
+        if fb.forward_mode.is_decode():
+            self.windows.check_decode(rids, slots, (fb.seq_lens - 1).tolist())
+            return None
+        return self.windows.plan(rids, slots, list(fb.extend_prefix_lens_cpu))
+
+    def _capture_routed_experts(self, routed: dict[int, torch.Tensor], batch, tail_rows) -> None:
+        """SGLang's capturer takes one row per scheduled token. Encoder-replay rows are dropped; rows a
+        decoder-replay prefill never ran through the late layers are reported as expert -1."""
         from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
 
         capturer = get_global_experts_capturer()
         if capturer is None:
             return
+        n = batch.num_rows
+        scheduled = torch.ones(n, dtype=torch.bool, device=batch.positions.device)
+        if batch.replay_lens is not None:
+            scheduled = batch.positions >= (batch.prefix_lens + batch.replay_lens)[batch.req_index]
         for layer_id, ids in routed.items():
-            capturer.capture(layer_id=layer_id, topk_indices=ids.to(torch.int32))
+            if ids.size(0) != n:  # a decoder-replay late layer: only the tail rows ran
+                full = ids.new_full((n, ids.size(1)), -1)
+                full[tail_rows] = ids
+                ids = full
+            capturer.capture(layer_id=layer_id, topk_indices=ids[scheduled].to(torch.int32))
 
 
 EntryClass = DeepseekV41ForCausalLM

@@ -66,9 +66,13 @@ def plan_logits(extend_lens: list[int], logprob_starts: list[int] | None, device
     return LogitsPlan(torch.tensor(rows, dtype=torch.int64, device=device), True, sample, lp_idx, seq_of)
 
 
-def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width: int, plan_rows: torch.Tensor) -> Batch:
+def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width: int, plan_rows: torch.Tensor,
+                replay_lens: list[int] | None = None) -> Batch:
     """Map one (non-idle) ForwardBatch onto a `Batch` (`req_to_token`: SGLang's [req slots, context]
-    slot table); writes this forward's ids into `store`."""
+    slot table); writes this forward's ids into `store`. `replay_lens[b]` (encoder SWA bounded
+    replay) cached tokens are recomputed in front of request b's new tokens: their ids are read back
+    from `store`, the request's rows start that much earlier, and `plan_rows` (indices into the
+    forward's own rows) move with them."""
     device = fb.input_ids.device
     if fb.forward_mode.is_decode():
         seq = fb.seq_lens.to(torch.int64)
@@ -81,9 +85,19 @@ def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width
     req_slots = fb.req_pool_indices.to(torch.int64)
     token_table = req_to_token[req_slots, :width].to(torch.int64)
     store.write(fb.out_cache_loc, fb.input_ids)
+    ids, positions = fb.input_ids.to(torch.int64), fb.positions.to(torch.int64)
+    extra = {}
+    if replay_lens is not None and any(replay_lens):
+        rep = torch.tensor(replay_lens, dtype=torch.int64, device=device)
+        starts = prefix - rep
+        ids, positions = _fold(ids, positions, ext.tolist(), starts.tolist(), replay_lens, token_table, store)
+        row_req = torch.repeat_interleave(torch.arange(len(replay_lens), device=device), ext)
+        plan_rows = plan_rows + torch.cumsum(rep, 0)[row_req[plan_rows]]
+        prefix, ext = starts, ext + rep
+        extra = dict(replay_lens=rep, window_floor=torch.where(rep > 0, starts, 0))
     return Batch(
-        input_ids=fb.input_ids.to(torch.int64),
-        positions=fb.positions.to(torch.int64),
+        input_ids=ids,
+        positions=positions,
         req_index=torch.repeat_interleave(torch.arange(len(ext), device=device), ext),
         req_slots=req_slots,
         prefix_lens=prefix,
@@ -91,7 +105,21 @@ def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width
         token_table=token_table,
         history=store.history(token_table, prefix, history_width),
         logits_rows=plan_rows,
+        **extra,
     )
+
+
+def _fold(ids, positions, ext: list[int], starts: list[int], replay: list[int], token_table, store: TokenStore):
+    """Prepend each request's replay tokens (positions start..start+r-1, ids from their slots)."""
+    out_ids, out_pos, off = [], [], 0
+    for b, (n, a, r) in enumerate(zip(ext, starts, replay)):
+        if r:
+            out_ids.append(store.ids[token_table[b, a : a + r]])
+            out_pos.append(torch.arange(a, a + r, device=ids.device))
+        out_ids.append(ids[off : off + n])
+        out_pos.append(positions[off : off + n])
+        off += n
+    return torch.cat(out_ids), torch.cat(out_pos)
 
 
 def identity_logits(states: torch.Tensor, *args, **kwargs) -> torch.Tensor:

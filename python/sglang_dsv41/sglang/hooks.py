@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from sglang_dsv41.sglang.server_args import ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
+from sglang_dsv41.sglang.server_args import REPLAY_WINDOW, ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
 from sglang_dsv41.sglang.validation import (
     OFF_LOOP_TOKENIZE_CHARS,
     Limits,
@@ -93,6 +93,14 @@ HOOKS = (
          "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with "
          "cudaHostRegister (no CUDA on CPU); on CPU the device cache is host memory, so nothing to pin."),
+    Hook("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.swa_reprefill_tail_tokens",
+         "AFTER hook: with decoder SWA bounded replay on and encoder replay off, a prefix match leaves the "
+         "last 128 tokens to recompute (spec attention 6.4). Our window KV is per token slot in SGLang's "
+         "generic pool, which has no SWA component, so SGLang's own cap (keyed on that component) is 0."),
+    Hook("sglang.srt.model_executor.encoder_swa_replay.run_encoder_swa_replay",
+         "AROUND hook: with --enable-encoder-swa-bounded-replay our model folds each hit's replay rows into its "
+         "own forward (sglang/request_windows.py); SGLang's separate replay forward is skipped for it (it reads "
+         "the DeepSeek pool's request_window, which the generic pool our model uses does not have)."),
     Hook("sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk",
          "AROUND hook: `/update_weights_from_disk` into our model is checked from the safetensors headers "
          "first (DeepseekV41ForCausalLM.weight_update_error) and refused with a 400; SGLang's rollback after "
@@ -424,6 +432,22 @@ def _install_server_arg_hooks() -> None:
     register_model_override(ARCHITECTURE)(v41_overrides)
 
 
+def cap_match_for_decoder_replay(result, cache, *args, **kwargs):
+    """AFTER hook on UnifiedRadixCache.swa_reprefill_tail_tokens(req) -> int."""
+    if result or not getattr(cache, "decoder_swa_bounded_replay", False):
+        return result
+    from sglang.srt.runtime_context import get_exec
+
+    return 0 if get_exec().features.enable_encoder_swa_bounded_replay else REPLAY_WINDOW
+
+
+def skip_encoder_replay_forward(original, worker, batch, *args, **kwargs):
+    """AROUND hook on run_encoder_swa_replay(worker, batch): our model replays inside its forward."""
+    if hasattr(worker.model_runner.model, "windows"):
+        return None
+    return original(worker, batch, *args, **kwargs)
+
+
 def _front_end_process() -> bool:
     """The process that serves HTTP and owns the tokenizer manager (the launcher, or an Engine's process).
     SGLang's scheduler, detokenizer and DP controller are its multiprocessing children."""
@@ -441,6 +465,8 @@ def install() -> None:
     _install_server_arg_hooks()
     _install_admission_check()
     _register(".update_weights_from_disk", check_weight_update, "AROUND")
+    _register(".swa_reprefill_tail_tokens", cap_match_for_decoder_replay, "AFTER")
+    _register(".run_encoder_swa_replay", skip_encoder_replay_forward, "AROUND")
     _install_cpu_host_alloc()
     if _front_end_process():
         _install_request_validation()

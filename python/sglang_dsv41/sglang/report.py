@@ -1,4 +1,5 @@
-"""The startup report: one log block with the layer-role table, KV bytes and pool sizes."""
+"""The startup report: one log block with the layer-role table, KV bytes, pool sizes and the SWA
+bounded-replay modes (with the prefix-cache capacity each placement of the window KV gives)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,39 @@ from sglang_dsv41.runtime.pools import KVPools
 
 
 def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_size: int, max_context: int,
-                   engram_host=None) -> str:
-    """`engram_host`: the `EngramHostPlacement` when the Engram tables live in host memory (its block follows)."""
-    b = KVPools.bytes_per_token(cfg)
+                   engram_host=None, replay=None) -> str:
+    """`engram_host`: the `EngramHostPlacement` when the Engram tables live in host memory (its block
+    follows). `replay`: the resolved `ReplayModes` (None: both off)."""
+    rings = bool(replay and replay.encoder)
+    b = KVPools.bytes_per_token(cfg, window_rings=rings)
     W = cfg.attention.window_size
-    window_req = cfg.window_kv_bytes_per_token * cfg.num_layers * W
-    pool_bytes = b["total"] * num_slots + KVPools.bytes_per_request_slot(cfg) * num_req_slots
+    per_req = KVPools.bytes_per_request_slot(cfg, window_rings=rings)
+    pool_bytes = b["total"] * num_slots + per_req * num_req_slots
+    slots_b = KVPools.bytes_per_token(cfg)["total"]
+    rings_b = KVPools.bytes_per_token(cfg, window_rings=True)["total"]
+    ring_req = KVPools.bytes_per_request_slot(cfg, True) - KVPools.bytes_per_request_slot(cfg)
+    budget = pool_bytes  # what these pools take: the cacheable prefix tokens it buys either way
     lines = [
         "DeepSeek-V4.1 (sglang-dsv41) serving report",
         f"  layers {cfg.num_layers}, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, window {W}",
         "  layer roles:",
         *("    " + r.describe() for r in cfg.layer_roles),
-        "  KV bytes per context token:",
+        "  SWA bounded replay:",
+        f"    decoder (tail-only prefill from layer {cfg.late_layer_start}): {'on' if replay and replay.decoder else 'off'}",
+        f"    encoder (window KV in request rings, rebuilt on prefix hits): {'on' if rings else 'off'}",
+        "  KV bytes per cached token:",
         f"    compressed KV + index keys (KV sources, prefix-cacheable): {b['compressed']:g} B",
-        f"    FP8 window KV, kept for every cached token ({cfg.window_kv_bytes_per_token} B x {cfg.num_layers} layers): "
-        f"{b['window']:g} B",
-        f"    total held per token slot: {b['total']:g} B",
-        f"  window KV a request needs (last {W} tokens x {cfg.num_layers} layers): {window_req} B",
-        f"  ratio-2 pending state per request slot: {KVPools.bytes_per_request_slot(cfg)} B",
+        f"    FP8 window KV ({cfg.window_kv_bytes_per_token} B x {cfg.num_layers} layers): "
+        + ("none (request rings)" if rings else f"{b['window']:g} B, kept for every cached token"),
+        f"    total per cached token: {b['total']:g} B (encoder replay off: {slots_b:g} B, on: {rings_b:g} B)",
+        f"  window ring per request slot (last {W} tokens x {cfg.num_layers} layers): {ring_req} B"
+        + ("" if rings else " (not allocated: encoder replay off)"),
+        f"  fixed bytes per request slot (ratio-2 pending pair{', ring' if rings else ''}): {per_req} B",
         f"  pools: {num_slots} token slots (page {page_size}), {num_req_slots} request slots, "
         f"{pool_bytes / 2**20:.1f} MiB",
+        f"  cacheable prefix tokens for these {budget / 2**20:.1f} MiB: encoder replay off "
+        f"{int(budget // slots_b)}, on {int(max(budget - ring_req * num_req_slots, 0) // rings_b)} "
+        f"(per GiB: {int(2**30 // slots_b)} vs {int(2**30 // rings_b)})",
         f"  max context tokens: {max_context}",
     ]
     if engram_host is not None:

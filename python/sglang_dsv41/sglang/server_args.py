@@ -7,6 +7,7 @@ returns the fields to default and raises `ValueError` naming the flag for an uns
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
@@ -43,17 +44,51 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          spec is not None and str(spec).upper() != "DSPARK"),
         ("--speculative-algorithm", "the DSPARK draft is not implemented by sglang-dsv41 yet",
          spec is not None and str(spec).upper() == "DSPARK"),
-        ("--enable-encoder-swa-bounded-replay", "encoder SWA bounded replay needs CUDA (not available on CPU)",
-         on_cpu and bool(getattr(cfg, "enable_encoder_swa_bounded_replay", False))),
-        ("--enable-encoder-swa-bounded-replay", "encoder SWA bounded replay is not implemented by sglang-dsv41 yet "
-         "(window KV is kept per token slot instead, so prefix hits are exact)",
-         not on_cpu and bool(getattr(cfg, "enable_encoder_swa_bounded_replay", False))),
-        ("--enable-decoder-swa-bounded-replay", "decoder SWA bounded replay is not implemented by sglang-dsv41 yet "
-         "(prefill always runs every layer on every row)", bool(getattr(cfg, "enable_decoder_swa_bounded_replay", False))),
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
     ]
-    return [(flag, why) for flag, why, bad in checks if bad]
+    return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg)
+
+
+ENCODER = "--enable-encoder-swa-bounded-replay"
+DECODER = "--enable-decoder-swa-bounded-replay"
+REPLAY_WINDOW = 128
+"""Tokens a bounded replay recomputes (spec attention 7): the released sliding window."""
+
+
+def _replay_errors(cfg: Any) -> list[tuple[str, str]]:
+    """(flag, why) for SWA bounded-replay combinations that cannot work (spec attention 7.1 / 7.2)."""
+    get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    out: list[tuple[str, str]] = []
+    if get("enable_encoder_swa_bounded_replay", False):
+        page = get("page_size") or DEFAULT_PAGE_SIZE
+        chunk = get("chunked_prefill_size")
+        need = REPLAY_WINDOW + page
+        checks = [
+            ("--enable-mixed-chunk", "mixed prefill/decode batches", get("enable_mixed_chunk", False)),
+            ("--enable-lora", "LoRA", get("enable_lora", False)),
+            ("--enable-session-radix-cache", "radix sessions", get("enable_session_radix_cache", False)),
+            ("--disaggregation-mode", "PD decode (decode receives the window from prefill and never replays)",
+             get("disaggregation_mode") == "decode"),
+            ("--chunked-prefill-size", f"a chunked prefill size below {need} tokens ({REPLAY_WINDOW} replay tokens plus "
+             f"one page of {page}); got {chunk}", chunk is not None and 0 < chunk < need),
+            ("--max-running-requests", "--max-running-requests <= 0",
+             get("max_running_requests") is not None and get("max_running_requests") <= 0),
+        ]
+        out += [(flag, f"{ENCODER} does not support {what} yet") for flag, what, bad in checks if bad]
+    if get("enable_decoder_swa_bounded_replay") is True and get("enable_return_hidden_states", False):
+        out.append((DECODER, "cannot be combined with --enable-return-hidden-states (every prompt row's hidden "
+                             "state is returned, so there is no tail to keep); disable one of them"))
+    return out
+
+
+def resolve_decoder_replay(cfg: Any, raw: dict) -> bool | None:
+    """The tri-state decoder flag: an explicit --[no-]enable-decoder-swa-bounded-replay wins (None is
+    returned: nothing to declare); otherwise on, unless every prompt row's hidden state is asked for.
+    Our runtime supports it on every device (CPU included) for any chunk size and page size."""
+    if raw.get("enable_decoder_swa_bounded_replay") is not None:
+        return None
+    return not bool(getattr(cfg, "enable_return_hidden_states", False))
 
 
 def validate_flags(cfg: Any, on_cpu: bool) -> None:
@@ -68,12 +103,32 @@ def v41_defaults(cfg: Any, raw: dict, on_cpu: bool) -> dict:
     """Fields to default for V4.1 (`raw` = what the user passed; only unset ones are touched).
 
     Only fields SGLang lets a model override declare (its "resolvable" set) can go here: the page
-    size. Chunked prefill needs nothing: SGLang already defaults `chunked_prefill_size` (4096 on CPU,
+    size and the tri-state decoder SWA bounded replay flag. Chunked prefill needs nothing: SGLang already defaults `chunked_prefill_size` (4096 on CPU,
     by memory size on GPUs) and the runtime is exact for any chunk size."""
     out: dict = {}
+    decoder = resolve_decoder_replay(cfg, raw) if cfg is not None else None
+    if decoder is not None:
+        out["enable_decoder_swa_bounded_replay"] = decoder
     page = raw.get("page_size")
     if page is None:
         out["page_size"] = DEFAULT_PAGE_SIZE
     elif page % 2:
         raise ValueError(f"--page-size: DeepSeek-V4.1 needs an even page size (ratio-2 pairs share a compressed slot), got {page}")
     return out
+
+
+@dataclass(frozen=True)
+class ReplayModes:
+    """The resolved SWA bounded-replay flags, as the model process sees them."""
+
+    decoder: bool
+    encoder: bool
+
+
+def swa_replay_modes() -> ReplayModes:
+    """Read the resolved flags from SGLang's published config (scheduler / model process)."""
+    from sglang.srt.runtime_context import get_exec
+
+    f = get_exec().features
+    return ReplayModes(decoder=bool(f.enable_decoder_swa_bounded_replay),
+                       encoder=bool(f.enable_encoder_swa_bounded_replay))
