@@ -124,6 +124,7 @@ class Placement:
         self.model, self.table, self.dev, self.staging = model, table, dev, staging_tokens
         self.device_tables = {lid: model.layers[lid].engram.embed for lid in model.cfg.engram.layer_ids}
         self.prefetch: EngramPrefetch | None = None
+        use_kernels(model, table)  # once: the device tables' slots; host tables get theirs when placed
 
     def off(self) -> None:
         if self.prefetch is not None:
@@ -131,14 +132,10 @@ class Placement:
             self.prefetch = None
         for lid, mod in self.device_tables.items():
             self.model.layers[lid].engram.embed = mod
-        use_kernels(self.model, self.table)
 
     def on(self, tables: EngramHostTables) -> None:
         self.off()
-        for lid in self.device_tables:
-            self.model.layers[lid].engram.embed = self.device_tables[lid]
-        hosts = place_host_tables(self.model, tables)
-        use_kernels(self.model, self.table)
+        hosts = place_host_tables(self.model, tables, self.table)
         self.prefetch = EngramPrefetch(hosts, self.staging, self.dev).attach(self.model)
 
 
@@ -298,7 +295,8 @@ def main() -> None:
         long_p = random_prompts(model.cfg.vocab_size - 1, nl, ll, 0)
         short_p = random_prompts(model.cfg.vocab_size - 1, ns, ls, 1)
         page = 256
-        drv_args = (max(nl * (ll + a.decode + page), ns * (ls + a.decode + page)), max(nl, ns), page, dev, False, table)
+        drv_args = (max(nl * (ll + a.decode + page), ns * (ls + a.decode + page), 2 * (300 + 2 + page)), max(nl, ns, 2), page, dev,
+                    False, table)
         warm = random_prompts(model.cfg.vocab_size - 1, 2, 300, 2)
         for label in ["off", *tables]:
             if time.perf_counter() - t0 > a.budget_s:

@@ -68,10 +68,11 @@ class HostEngramTable(nn.Module):
         return f"layer={self.tables.sections[self.k].layer_id}, layout={self.tables.layout}, rows={self.stored_rows}"
 
 
-def place_host_tables(model: DeepseekV41, tables: EngramHostTables) -> list[HostEngramTable]:
+def place_host_tables(model: DeepseekV41, tables: EngramHostTables, ops=None) -> list[HostEngramTable]:
     """Swap every Engram layer's `EngramTable` for a `HostEngramTable` over `tables`. Call before
     loading the other weights with `load_state_dict(strict=True)` (the table names leave the state
-    dict) and before `use_kernels` (which then points the new modules' gather slots at the ops)."""
+    dict) and before `use_kernels` (which then points the new modules' gather slots at the ops);
+    on a model that has its kernels already, pass the op table as `ops`."""
     e = model.cfg.engram
     placed = []
     for layer in model.layers:
@@ -80,6 +81,8 @@ def place_host_tables(model: DeepseekV41, tables: EngramHostTables) -> list[Host
         if not isinstance(layer.engram.embed, EngramTable):
             raise TypeError(f"layer {layer.role.layer_id}: Engram table already replaced by {type(layer.engram.embed).__name__}")
         mod = HostEngramTable(tables, e.layer_ids.index(layer.role.layer_id))
+        if ops is not None:
+            mod.gather = ops.engram_gather
         layer.engram.embed = mod
         placed.append(mod)
     return placed
