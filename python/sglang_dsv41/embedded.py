@@ -1,7 +1,12 @@
-"""Model names that resolve to embedded checkpoints, generated on first use into a cache dir.
+"""Model names that resolve to embedded checkpoints: trained ones shipped in the package, random ones
+generated on first use into a cache dir.
 
-`deepseek-v4.1-tiny` (the default for CPU serving and tests) and `deepseek-v4.1-small` are the
-seeded random presets of `sglang_dsv41.tiny`. The cache dir is `$SGLANG_DSV41_CACHE` or
+`deepseek-v4.1-tiny` (the default for CPU serving) is the trained checkpoint in
+`assets/deepseek-v4.1-tiny/` (the `mini` preset after supervised QAT on the arithmetic task,
+train/sft.py; its `training.json` records the command and generator versions) when that directory
+exists, else the random `tiny` preset. `deepseek-v4.1-tiny-random` (tests), `deepseek-v4.1-mini-random`
+(the trained default's starting point) and `deepseek-v4.1-small` are seeded random presets of
+`sglang_dsv41.tiny`. The cache dir is `$SGLANG_DSV41_CACHE` or
 `~/.cache/sglang_dsv41`, one subdirectory per alias and generator version (a generator change
 never serves stale bytes); generation writes into a temporary sibling and renames it into place, so
 concurrent first uses never see a half-written checkpoint.
@@ -14,8 +19,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+ASSETS = Path(__file__).resolve().parent / "assets"
+TRAINED_MODELS = {"deepseek-v4.1-tiny": "deepseek-v4.1-tiny"}
+"""alias -> checkpoint directory under ASSETS (used when it exists)."""
 EMBEDDED_MODELS = {
-    "deepseek-v4.1-tiny": "tiny",
+    "deepseek-v4.1-tiny": "tiny",  # random fallback when the trained asset is absent
     "deepseek-v4.1-tiny-random": "tiny",
     "deepseek-v4.1-mini-random": "mini",
     "deepseek-v4.1-small": "small",
@@ -31,6 +39,9 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
     if p.is_dir():
         return p
+    trained = TRAINED_MODELS.get(str(name_or_path))
+    if trained is not None and (ASSETS / trained / "config.json").exists():
+        return ASSETS / trained
     preset = EMBEDDED_MODELS.get(str(name_or_path))
     if preset is None:
         known = ", ".join(sorted(EMBEDDED_MODELS))

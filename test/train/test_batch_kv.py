@@ -25,3 +25,14 @@ def test_batch_rows_equal_one_dense_forward_per_sequence(tiny_model, tiny_refere
 def test_odd_length_is_refused(tiny_model):
     with pytest.raises(ValueError, match="multiple of every compress ratio"):
         BatchDenseKV(tiny_model.cfg, 2, 9, "cpu")
+
+
+def test_trained_default_resolves_to_the_asset_dir_when_present(tmp_path, monkeypatch):
+    from sglang_dsv41 import embedded
+
+    monkeypatch.setenv("SGLANG_DSV41_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "ASSETS", tmp_path / "assets")
+    (tmp_path / "assets" / "deepseek-v4.1-tiny").mkdir(parents=True)
+    (tmp_path / "assets" / "deepseek-v4.1-tiny" / "config.json").write_text("{}")
+    assert embedded.resolve_model_path("deepseek-v4.1-tiny") == tmp_path / "assets" / "deepseek-v4.1-tiny"
+    assert "deepseek-v4.1-tiny-random" in embedded.EMBEDDED_MODELS and "deepseek-v4.1-mini-random" in embedded.EMBEDDED_MODELS

@@ -41,7 +41,7 @@ class BatchDenseKV:
         return torch.arange(self.positions.numel(), device=self.positions.device)
 
     def engram_ids(self, hasher: EngramHasher, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.cat([hasher.hash_ids(seq) for seq in input_ids.view(self.batch, self.length)])
+        return hasher.hash_packed(input_ids, [self.length] * self.batch)  # every sequence from position 0
 
     def tail_rows(self) -> None:
         return None
@@ -84,4 +84,5 @@ class BatchDenseKV:
             n = t // attn.role.compress_ratio
             keys = torch.cat([keys, self.compressed[attn.role.kv_source]])
             idx = torch.cat([idx, torch.where(topk >= 0, topk + b * t + seq * n, -1)], dim=-1)
-        return sparse_attention(q, keys, attn.attn_sink, idx, attn.softmax_scale)
+        # one row chunk: rows are independent, so chunking never changes a value, only the op count
+        return sparse_attention(q, keys, attn.attn_sink, idx, attn.softmax_scale, chunk=max(1, q.size(0)))

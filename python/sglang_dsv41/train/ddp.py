@@ -33,9 +33,13 @@ def init(rank: int | None = None, world: int | None = None, backend: str | None 
 
 
 def wrap(model: DeepseekV41, device: torch.device | None = None) -> DistributedDataParallel:
-    """DDP over a trainable model (its forward is `DeepseekV41.forward(ids, kv, replay)`)."""
+    """DDP over a trainable model (its forward is `DeepseekV41.forward(ids, kv, replay)`). Frozen
+    tensors (Engram FP8 tables, router bias) are left out of DDP's start-up broadcast: every rank
+    loads them from the same checkpoint, and gloo cannot broadcast float8."""
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, frozen)
     ids = [device.index] if device is not None and device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True, broadcast_buffers=False)
 
 
 def global_count(n: torch.Tensor | int) -> torch.Tensor:

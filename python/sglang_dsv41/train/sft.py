@@ -1,6 +1,6 @@
 """Supervised training (QAT) on the arithmetic task, then export in the released layout.
 
-    python -m sglang_dsv41.train.sft --model deepseek-v4.1-tiny-random --out DIR \\
+    python -m sglang_dsv41.train.sft --model deepseek-v4.1-mini-random --out DIR \\
         [--steps 400] [--batch 32] [--lr 3e-3] [--levels 1:1,2:3] [--eval-level 2] [--eval-n 200]
 
 Each step draws `batch` train-split problems (task.py; level weights from `--levels`), renders
@@ -155,7 +155,7 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Supervised QAT training on the arithmetic task, exported in the released layout.")
-    ap.add_argument("--model", default="deepseek-v4.1-tiny-random", help="checkpoint dir or embedded alias to start from")
+    ap.add_argument("--model", default="deepseek-v4.1-mini-random", help="checkpoint dir or embedded alias to start from")
     ap.add_argument("--out", required=True, help="output checkpoint directory")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=32)
