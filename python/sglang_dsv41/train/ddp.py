@@ -39,7 +39,7 @@ def wrap(model: DeepseekV41, device: torch.device | None = None) -> DistributedD
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, frozen)
     ids = [device.index] if device is not None and device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
 def global_count(n: torch.Tensor | int) -> torch.Tensor:

@@ -15,6 +15,10 @@ teacher forcing: greedy decoding produces the target ids exactly iff the argmax 
 position is the target token, so one batched forward scores a whole set (the reward can only be
 higher: another spelling of the right boxed number would also count). The exported directory gets
 `training.json` (command, steps, time, accuracies, generator versions).
+
+Data parallel: `torchrun --nproc-per-node K -m sglang_dsv41.train.sft ...` (gloo on CPU, NCCL with
+`--device cuda`): every rank draws the same global batch, trains on its slice under DDP (train/ddp.py;
+the loss is normalised by the global target count), and rank 0 evaluates and exports.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +37,7 @@ from tqdm import tqdm
 
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.tokenizer.tiny_tokenizer import PAD_TOKEN_ID
-from sglang_dsv41.train import task
+from sglang_dsv41.train import ddp, task
 from sglang_dsv41.train.batch_kv import BatchDenseKV
 from sglang_dsv41.train.export import export_checkpoint
 from sglang_dsv41.train.trainable import load_trainable, trainable_parameters
@@ -51,22 +56,28 @@ def collate(examples: list[tuple[list[int], list[int]]], device) -> tuple[torch.
     return ids.flatten().to(device), mask.flatten().to(device), t
 
 
-def batch_logits(model: DeepseekV41, ids: torch.Tensor, t: int) -> torch.Tensor:
-    """ids [B*T] -> fp32 logits [B, T, vocab] (THE forward over a BatchDenseKV)."""
+def batch_logits(model: DeepseekV41, ids: torch.Tensor, t: int, forward=None) -> torch.Tensor:
+    """ids [B*T] -> fp32 logits [B, T, vocab] (THE forward over a BatchDenseKV). `forward` calls the
+    model (e.g. its DDP wrapper); default the model itself."""
     b = ids.numel() // t
-    return model(ids, BatchDenseKV(model.cfg, b, t, ids.device)).logits.view(b, t, -1)
+    return (forward or model)(ids, BatchDenseKV(model.cfg, b, t, ids.device)).logits.view(b, t, -1)
 
 
-def batch_loss(model: DeepseekV41, ids: torch.Tensor, mask: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (mean target cross-entropy, per-sequence all-targets-argmax-correct bool [B])."""
-    logits = batch_logits(model, ids, t)
+def batch_ce(model: DeepseekV41, ids: torch.Tensor, mask: torch.Tensor, t: int, forward=None):
+    """-> (summed target cross-entropy, target count, per-sequence all-targets-argmax-correct bool [B])."""
+    logits = batch_logits(model, ids, t, forward)
     b = logits.size(0)
     ids2, mask2 = ids.view(b, t), mask.view(b, t)
     pred_logits, targets, tmask = logits[:, :-1], ids2[:, 1:], mask2[:, 1:]
     ce = F.cross_entropy(pred_logits.flatten(0, 1), targets.flatten(), reduction="none").view(b, t - 1)
-    loss = (ce * tmask).sum() / tmask.sum()
     right = ((pred_logits.argmax(-1) == targets) | ~tmask).all(dim=1)
-    return loss, right
+    return (ce * tmask).sum(), tmask.sum(), right
+
+
+def batch_loss(model: DeepseekV41, ids: torch.Tensor, mask: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (mean target cross-entropy, per-sequence all-targets-argmax-correct bool [B])."""
+    total, n, right = batch_ce(model, ids, mask, t)
+    return total / n, right
 
 
 @torch.no_grad()
@@ -94,11 +105,20 @@ def parse_levels(spec: str) -> dict[int, float]:
     return out
 
 
-def train(args: argparse.Namespace) -> dict:
+def train(args: argparse.Namespace) -> dict | None:
+    """Single process, or one rank of a `torchrun` launch (WORLD_SIZE > 1: DDP, each rank runs its
+    slice of every global batch; rank 0 evaluates and exports)."""
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
+    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        rank, world = ddp.init()
+        if str(args.device).startswith("cuda"):
+            args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+            torch.cuda.set_device(args.device)
     model = load_trainable(args.model, device=args.device)
+    forward = ddp.wrap(model, torch.device(args.device)) if world > 1 else model
     renderer = task.ChatRenderer(args.model)
     params = [p for _, p in trainable_parameters(model)]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -115,7 +135,7 @@ def train(args: argparse.Namespace) -> dict:
     total = sum(levels.values())
     counts = {lv: max(1, round(args.batch * w / total)) for lv, w in levels.items()}
     t0 = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="sft", unit="step", file=sys.stderr, mininterval=args.bar_interval)
+    bar = tqdm(range(args.steps), desc="sft", unit="step", file=sys.stderr, mininterval=args.bar_interval, disable=rank > 0)
     ema = None
     done = 0
     for step in bar:
@@ -125,8 +145,10 @@ def train(args: argparse.Namespace) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, elapsed)
         probs = [p for lv, c in counts.items() for p in task.problems(lv, c, "train", seed=args.seed * 1_000_003 + step)]
+        probs = ddp.shard(probs, rank, world) if world > 1 else probs
         ids, mask, t = collate([renderer.example(p.question, p.completion) for p in probs], args.device)
-        loss, right = batch_loss(model, ids, mask, t)
+        total, n, right = batch_ce(model, ids, mask, t, forward)
+        loss = total / n if world == 1 else total * world / ddp.global_count(n).to(total.device)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -136,6 +158,10 @@ def train(args: argparse.Namespace) -> dict:
         bar.set_postfix(loss=f"{ema[0]:.3f}", exact=f"{ema[1]:.2f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1
     train_s = time.perf_counter() - t0
+    if world > 1:
+        torch.distributed.destroy_process_group()
+        if rank > 0:
+            return None
     model.eval()
     acc = heldout_accuracy(model, renderer, args.eval_level, args.eval_n)
     out = export_checkpoint(model, args.out, args.model)
@@ -147,7 +173,7 @@ def train(args: argparse.Namespace) -> dict:
         "levels": args.levels, "seed": args.seed, "train_seconds": round(train_s, 1),
         "heldout": {"level": args.eval_level, "n": args.eval_n, "greedy_exact_match": acc},
         "task_generator_version": task.GENERATOR_VERSION, "tiny_generator_version": TINY_VERSION,
-        "device": str(args.device), "torch": torch.__version__,
+        "device": str(args.device), "processes": world, "torch": torch.__version__,
     }
     (Path(out) / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -173,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps < 1 or args.batch < 1:
         ap.error("--steps and --batch must be >= 1")
     summary = train(args)
-    print(json.dumps(summary))
+    if summary is not None:
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":
