@@ -103,3 +103,14 @@ def test_r3_forced_routing_export_equals_trainer_and_router_learns(run):
     ref = ReferenceModel(load_model(run["path"], progress=False)).forward(ids, replay=forced)
     assert torch.equal(ref.logits, out.logits.detach())
     assert not torch.equal(ref.logits, run["final"].logits.detach())
+
+
+def test_bf16_masters_forward_equals_serving_forward_bitwise(tiny_dir, tiny_reference):
+    model = load_trainable(tiny_dir, master_dtype=torch.bfloat16)
+    assert {p.dtype for _, p in trainable_parameters(model)} == {torch.bfloat16, torch.float32}  # fp32: mHC, sinks
+    ids = _ids(13)[:6]
+    out = forward_train(model, ids)
+    assert torch.equal(out.logits.detach(), tiny_reference.forward(ids).logits)
+    F.cross_entropy(out.logits[:-1], ids[1:]).backward()
+    w = dict(trainable_parameters(model))["layers.3.attn.wq_b.weight"]
+    assert w.grad.dtype == torch.bfloat16 and w.grad.abs().sum() > 0
