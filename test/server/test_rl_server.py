@@ -15,7 +15,7 @@ import requests
 import torch
 
 from launch import start_server, stop_server
-from sglang_dsv41.train.mismatch import main as mismatch_main, measure, random_prompts
+from sglang_dsv41.train.mismatch import main as mismatch_main, random_prompts
 from sglang_dsv41.train.rollout import ServerClient
 from sglang_dsv41.train.logprobs import response_logprobs
 from sglang_dsv41.train.weight_sync import write_partial_checkpoint
@@ -35,27 +35,17 @@ def client(server):
     return ServerClient(server.url, timeout=600)
 
 
-def _shape(model):
-    return {"layers": model.cfg.num_layers, "top_k": model.cfg.moe.n_activated_experts}
-
-
-def test_mismatch_is_zero_with_r3(server, tiny_dir, capsys):
-    """The CLI: sampled (temperature 1) responses, trainer recompute with the server's experts forced."""
+def test_mismatch_is_zero_with_and_without_r3(server, tiny_dir, capsys):
+    """The CLI: sampled (temperature 1) responses, trainer recompute with the server's experts forced
+    and (under "unforced") with the trainer's own routing."""
     mismatch_main(["--model", str(tiny_dir), "--server", server.url, "--prompts", "1", "--n", "2",
                    "--prompt-len", "8", "--max-new-tokens", "6", "--r3", "--seed", "3"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["r3"] is True and out["sequences"] == 2 and out["tokens"] >= 2
-    assert out["kl_mean"] == 0.0 and out["kl_p99"] == 0.0 and out["kl_max"] == 0.0
-    assert out["dlogp_mean"] == 0.0 and out["dlogp_max"] == 0.0
+    for m in (out, out["unforced"]):
+        assert m["kl_mean"] == 0.0 and m["kl_p99"] == 0.0 and m["kl_max"] == 0.0
+        assert m["dlogp_mean"] == 0.0 and m["dlogp_max"] == 0.0
     assert out["routing_agreement"] == 1.0
-
-
-def test_mismatch_is_zero_without_r3(client, tiny_model):
-    prompts = random_prompts(1, 12, tiny_model.cfg.vocab_size, seed=5)
-    rollouts = client.sample(prompts, 1, 6, temperature=1.0, routed_experts=True, seed=7, **_shape(tiny_model))[0]
-    m = measure(tiny_model, rollouts, r3=False)[False]
-    assert m.tokens == len(rollouts[0].response) and m.routing_agreement == 1.0
-    assert m.kl_max == 0.0 and m.dlogp_max == 0.0
 
 
 def _greedy(client, prompt, n=4):

@@ -10,8 +10,9 @@ Prints ONE JSON line:
   routing_agreement          fraction of (token, layer) whose routed expert set in the trainer's own
                              forward equals the server's (every token that ran a forward)
   tokens, sequences, r3      counts; whether the trainer forced the server's experts (R3)
-With `--r3` the logprobs come from the forward that forces the rollout's experts; routing agreement
-is always measured on the trainer's own (unforced) routing.
+With `--r3` the logprobs come from the forward that forces the rollout's experts, and the line also
+carries the unforced forward's metrics under "unforced"; routing agreement is always measured on the
+trainer's own (unforced) routing.
 
 The server must return logprobs of the raw distribution (`SGLANG_RETURN_ORIGINAL_LOGPROB=1`) and,
 for `--r3` or routing agreement, run `--enable-return-routed-experts` (docs/rl.md).
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-len", type=int, default=24, help="random prompt length in tokens (default 24)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (sampling is the server's)")
     p.add_argument("--r3", action="store_true", help="force the server's routed experts in the trainer (R3)")
     p.add_argument("--no-routing", action="store_true", help="do not request routed experts (server without "
                    "--enable-return-routed-experts; no R3, no routing agreement)")
@@ -132,9 +133,13 @@ def main(argv: list[str] | None = None) -> None:
     client = ServerClient(a.server)
     prompts = random_prompts(a.prompts, a.prompt_len, cfg.vocab_size, a.seed)
     groups = client.sample(prompts, a.n, a.max_new_tokens, temperature=a.temperature, routed_experts=not a.no_routing,
-                           layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts, seed=a.seed)
-    result = measure(model, [r for g in groups for r in g], a.r3)[a.r3]
-    print(json.dumps(asdict(result)))
+                           layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
+    results = measure(model, [r for g in groups for r in g], a.r3)
+    line = asdict(results[a.r3])
+    if a.r3:  # the unforced forward ran anyway (routing agreement): its logprob metrics too
+        own = asdict(results[False])
+        line["unforced"] = {k: own[k] for k in ("kl_mean", "kl_p99", "kl_max", "dlogp_mean", "dlogp_max")}
+    print(json.dumps(line))
 
 
 if __name__ == "__main__":

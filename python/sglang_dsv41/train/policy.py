@@ -1,0 +1,72 @@
+"""The trainer's side of an RL step: response log-probabilities of a batch of rollouts in ONE forward
+(the trainable model over a `BatchDenseKV`, with autograd), optionally with the rollouts' routed
+experts forced (R3).
+
+Layout: each rollout's `prompt + response` is right-padded to one even length T (PAD_TOKEN_ID);
+row b*T + p is position p of rollout b. The logits of row b*T + P_b - 1 + j score response token j.
+For R3 every layer's forced ids cover all B*T rows: rows 0 .. P_b + R_b - 2 of rollout b take the
+server's experts (exactly the tokens the server ran a forward on); the rest (its last sampled token
+and the padding) take experts 0..k-1, which only reach rows that are never scored (causal attention).
+Padding never changes a real row (batch_kv.py), so the values are those of one DenseKV forward per
+rollout, which is what the server computed (train/mismatch.py measures it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sglang_dsv41.layers.decisions import Decisions
+from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.tokenizer.tiny_tokenizer import PAD_TOKEN_ID
+from sglang_dsv41.train.batch_kv import BatchDenseKV
+from sglang_dsv41.train.rollout import Rollout
+
+
+@dataclass
+class BatchLogprobs:
+    logprobs: list[torch.Tensor]
+    """per rollout, fp32 [R_b] log p(response token), differentiable."""
+    routed: list[torch.Tensor] | None
+    """per rollout, int32 [P_b + R_b - 1, layers, top_k] the trainer's own routing (None under R3)."""
+
+
+def _padded_length(rollouts: list[Rollout], cfg) -> int:
+    t = max(len(r.prompt) + len(r.response) for r in rollouts)
+    step = math.lcm(*[r for r in cfg.compression.compress_ratios if r > 1] or [1])
+    return -(-t // step) * step
+
+
+def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False) -> BatchLogprobs:
+    if not rollouts:
+        raise ValueError("batch_response_logprobs needs at least one rollout")
+    cfg, device = model.cfg, model.embed.weight.device
+    b, t = len(rollouts), _padded_length(rollouts, model.cfg)
+    ids = torch.full((b, t), PAD_TOKEN_ID, dtype=torch.int64)
+    for i, r in enumerate(rollouts):
+        ids[i, : len(r.prompt) + len(r.response)] = torch.tensor(r.sequence)
+    replay = None
+    if r3:
+        k, layers = cfg.moe.n_activated_experts, cfg.num_layers
+        forced = torch.arange(k, dtype=torch.int32).repeat(b, t, layers, 1)  # [B, T, layers, k]
+        for i, r in enumerate(rollouts):
+            if r.routed_experts is None:
+                raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
+            forced[i, : r.routed_experts.shape[0]] = r.routed_experts
+        forced = forced.flatten(0, 1).to(device)
+        replay = Decisions(routed_experts={layer: forced[:, layer].contiguous() for layer in range(layers)})
+    out = model(ids.flatten().to(device), BatchDenseKV(cfg, b, t, device), replay)
+    logits = out.logits.view(b, t, -1)
+    lps, routed = [], []
+    for i, r in enumerate(rollouts):
+        p, n = len(r.prompt), len(r.response)
+        rows = torch.log_softmax(logits[i, p - 1: p - 1 + n].float(), dim=-1)
+        target = torch.tensor(r.response, dtype=torch.int64, device=device)
+        lps.append(rows.gather(1, target[:, None]).squeeze(1))
+        if not r3:
+            table = torch.stack([out.decisions.routed_experts[layer].view(b, t, -1)[i, : p + n - 1]
+                                 for layer in sorted(out.decisions.routed_experts)], dim=1)
+            routed.append(table.to(torch.int32).cpu())
+    return BatchLogprobs(lps, None if r3 else routed)

@@ -1,0 +1,281 @@
+"""RL on SGLang rollouts: GRPO with DAPO's changes (train/grpo.py) on the arithmetic task.
+
+    python -m sglang_dsv41.train.rl --server URL --model DIR [--steps 10] [--prompts 8] [--n 8] [--r3]
+        [--out DIR] [--results benchmark/results/DATE-rl.md]
+
+The server must serve DIR with `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (and `--enable-return-routed-experts`
+for `--r3` or routing agreement); docs/rl.md. Each step:
+  1. rollouts: `--prompts` train problems (chat-rendered as the server renders them) x `--n` samples each,
+     from the server's `/generate` (logprobs of the sampled tokens, routed experts);
+  2. rewards: exact match of the boxed answer (train/reward.py) + DAPO's overlong shaping;
+     dynamic sampling keeps groups whose rewards differ and samples more prompts (up to
+     `--max-rounds` rounds) to fill the batch;
+  3. trainer: ONE forward of the QAT trainable model over the batch (train/policy.py; R3 forces the
+     rollouts' experts), the clipped token-level DAPO loss against the server's logprobs (the
+     behavior policy), AdamW; the same forward gives the step's train/serve mismatch (KL, |dlogp|,
+     routing agreement);
+  4. weight sync: the trained tensors (Engram tables and router bias stay frozen, never sent) into the
+     running server (train/weight_sync.py), then the next step's rollouts come from the new weights
+     (each rollout's weight_version is checked).
+Held-out accuracy (greedy, test split, through the server) at step 0, every `--eval-every` steps and at
+the end. Writes `rl.jsonl` (one line per step), `rl.png` (reward and mismatch per step) under `--out`,
+and with `--results` a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from sglang_dsv41.train import task
+from sglang_dsv41.train.grpo import DAPOConfig, clipped_token_loss, group_advantages, informative, overlong_penalty
+from sglang_dsv41.train.mismatch import same_expert_sets, summarize
+from sglang_dsv41.train.policy import batch_response_logprobs
+from sglang_dsv41.train.reward import reward
+from sglang_dsv41.train.rollout import Rollout, ServerClient
+from sglang_dsv41.train.weight_sync import WeightSync
+
+
+@dataclass
+class Group:
+    problem: task.Problem
+    rollouts: list[Rollout]
+    scores: list[float]
+    """task reward (exact match) per sample."""
+    shaped: torch.Tensor
+    """task reward + overlong shaping, fp32 [n]."""
+
+
+class RLRun:
+    def __init__(self, a: argparse.Namespace):
+        from sglang_dsv41.embedded import resolve_model_path
+        from sglang_dsv41.train.trainable import load_trainable, trainable_parameters
+
+        self.a = a
+        self.model_dir = resolve_model_path(a.model)
+        self.model = load_trainable(self.model_dir, device=a.device)
+        self.cfg = self.model.cfg
+        self.renderer = task.ChatRenderer(self.model_dir)
+        self.client = ServerClient(a.server)
+        self.dapo = DAPOConfig(eps_low=a.eps_low, eps_high=a.eps_high, overlong_buffer=a.overlong_buffer)
+        self.params = [p for _, p in trainable_parameters(self.model)]
+        self.opt = torch.optim.AdamW(self.params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.sync = WeightSync(self.client, Path(a.out) / "sync")
+        self.version = "rl-step-0"
+        self.prompt_cursor = 0
+
+    # ------------------------------------------------------------------ server
+    def push(self, step: int) -> float:
+        from sglang_dsv41.train.export import checkpoint_tensors
+
+        t0 = time.perf_counter()
+        self.version = f"rl-step-{step}"
+        self.sync.push(checkpoint_tensors(self.model, include_frozen=False), self.cfg, self.version)
+        return time.perf_counter() - t0
+
+    def _sample(self, probs: list[task.Problem], n: int, temperature: float) -> list[list[Rollout]]:
+        groups = self.client.sample([self.renderer.prompt(p.question) for p in probs], n, self.a.max_new_tokens,
+                                    temperature=temperature, routed_experts=self.a.routing, layers=self.cfg.num_layers,
+                                    top_k=self.cfg.moe.n_activated_experts, stop_token_ids=[self.renderer.eos_id])
+        stale = {r.weight_version for g in groups for r in g} - {self.version}
+        if stale:
+            raise RuntimeError(f"rollouts from weight version {sorted(stale)}, expected {self.version}")
+        return groups
+
+    def _score(self, ro: Rollout, p: task.Problem) -> float:
+        return reward(self.renderer.tokenizer.decode(ro.response, skip_special_tokens=True), p.answer)
+
+    def evaluate(self) -> float:
+        probs = task.problems(self.a.eval_level, self.a.eval_n, "test", seed=self.a.seed)
+        groups = self._sample(probs, 1, 0.0)
+        return sum(self._score(g[0], p) for g, p in zip(groups, probs)) / len(probs)
+
+    def rollouts(self, step: int) -> tuple[list[Group], dict]:
+        """Dynamic sampling: rounds of `--prompts` fresh train problems until `--prompts` informative groups."""
+        kept, scores, sampled = [], [], 0
+        for rnd in range(self.a.max_rounds):
+            probs = task.problems(self.a.level, self.a.prompts, "train", seed=self.a.seed * 1_000_003 + self.prompt_cursor)
+            self.prompt_cursor += 1
+            for p, g in zip(probs, self._sample(probs, self.a.n, self.a.temperature)):
+                sc = [self._score(r, p) for r in g]
+                shaped = torch.tensor([s + overlong_penalty(len(r.response), self.a.max_new_tokens, self.dapo.overlong_buffer,
+                                                            self.dapo.overlong_factor) for s, r in zip(sc, g)])
+                scores += sc
+                sampled += 1
+                if informative(shaped):
+                    kept.append(Group(p, g, sc, shaped))
+            if len(kept) >= self.a.prompts:
+                break
+        kept = kept[: self.a.prompts]
+        lengths = [len(r.response) for g in kept for r in g]
+        return kept, {"reward": sum(scores) / len(scores), "groups_sampled": sampled, "groups_kept": len(kept),
+                      "response_len": sum(lengths) / len(lengths) if lengths else None}
+
+    # ------------------------------------------------------------------ trainer
+    def train_step(self, groups: list[Group]) -> dict:
+        rollouts = [r for g in groups for r in g.rollouts]
+        advs = [a for g in groups for a in group_advantages(g.shaped, self.dapo.adv_eps).tolist()]
+        self.model.train()
+        out = batch_response_logprobs(self.model, rollouts, r3=self.a.r3)
+        old = [torch.tensor(r.logprobs, dtype=torch.float32, device=lp.device) for r, lp in zip(rollouts, out.logprobs)]
+        terms, clipped = [], []
+        for lp, lp_old, adv in zip(out.logprobs, old, advs):
+            t, c = clipped_token_loss(lp, lp_old, adv, self.dapo.eps_low, self.dapo.eps_high)
+            terms.append(t)
+            clipped.append(c)
+        tokens = sum(t.numel() for t in terms)
+        loss = torch.cat(terms).sum() / tokens  # DAPO token-level aggregation (grpo.token_level_loss)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.a.clip_grad))
+        self.opt.step()
+        agree = None
+        if out.routed is not None and all(r.routed_experts is not None for r in rollouts):
+            agree = torch.cat([same_expert_sets(own, r.routed_experts) for own, r in zip(out.routed, rollouts)])
+        mm = summarize(torch.cat([o.cpu() for o in old]), torch.cat([lp.detach().cpu() for lp in out.logprobs]), agree,
+                       len(rollouts), self.a.r3)
+        return {"loss": float(loss), "clip_frac": float(torch.cat(clipped).float().mean()), "grad_norm": grad_norm,
+                "tokens": tokens, "kl_mean": mm.kl_mean, "kl_p99": mm.kl_p99, "kl_max": mm.kl_max,
+                "dlogp_mean": mm.dlogp_mean, "dlogp_max": mm.dlogp_max, "routing_agreement": mm.routing_agreement}
+
+
+def run(a: argparse.Namespace) -> list[dict]:
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rl = RLRun(a)
+    rl.push(0)  # the server serves exactly the trainer's (exported) weights from the first rollout on
+    log: list[dict] = []
+    heldout = rl.evaluate()
+    t_start = time.perf_counter()
+    bar = tqdm(range(1, a.steps + 1), desc="rl", unit="step", file=sys.stderr)
+    with open(out_dir / "rl.jsonl", "w") as f:
+        for step in bar:
+            t0 = time.perf_counter()
+            groups, roll = rl.rollouts(step)
+            t_roll = time.perf_counter() - t0
+            stats = rl.train_step(groups) if groups else {}
+            t_train = time.perf_counter() - t0 - t_roll
+            t_sync = rl.push(step)
+            rec = {"step": step, **roll, **stats, "heldout": None, "rollout_s": round(t_roll, 2),
+                   "train_s": round(t_train, 2), "sync_s": round(t_sync, 2)}
+            if step % a.eval_every == 0 or step == a.steps:
+                rec["heldout"] = rl.evaluate()
+            if step == 1:
+                rec["heldout_start"] = heldout
+            log.append(rec)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            bar.set_postfix(reward=f"{roll['reward']:.2f}", kept=f"{roll['groups_kept']}/{roll['groups_sampled']}",
+                            kl=f"{stats.get('kl_mean', float('nan')):.1e}", heldout=rec["heldout"])
+    total_s = time.perf_counter() - t_start
+    _plot(out_dir / "rl.png", log, heldout)
+    if a.results:
+        _results(Path(a.results), a, log, heldout, total_s)
+    return log
+
+
+def _plot(path: Path, log: list[dict], heldout0: float) -> None:
+    from sglang_dsv41.train.plot import line_panels
+
+    steps = [0] + [r["step"] for r in log]
+    line_panels(path, steps, [
+        ("reward", {"train reward (sampled)": [None] + [r["reward"] for r in log],
+                    "held-out accuracy (greedy)": [heldout0] + [r["heldout"] for r in log]}),
+        ("train/serve mismatch", {"KL mean": [None] + [r.get("kl_mean") for r in log],
+                                  "|dlogp| mean": [None] + [r.get("dlogp_mean") for r in log]}),
+    ], title="GRPO/DAPO on SGLang rollouts")
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float, total_s: float) -> None:
+    import platform
+
+    import sglang
+
+    k = min(5, len(log))
+    first = sum(r["reward"] for r in log[:k]) / k
+    last = sum(r["reward"] for r in log[-k:]) / k
+    lines = [f"# RL (GRPO/DAPO) on SGLang rollouts, {time.strftime('%Y-%m-%d')}", "",
+             f"- command: `python -m sglang_dsv41.train.rl {' '.join(a.argv)}`",
+             f"- device: trainer {a.device}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; "
+             f"server: SGLang {sglang.__version__} at {a.server}",
+             f"- torch {torch.__version__}, task generator v{task.GENERATOR_VERSION}",
+             f"- {len(log)} steps in {total_s:.0f} s",
+             f"- mean train reward, first {k} steps: {first:.3f}; last {k} steps: {last:.3f} (change {last - first:+.3f})",
+             f"- held-out greedy accuracy (level {a.eval_level}, {a.eval_n} test problems): start {heldout0:.3f}, "
+             f"end {log[-1]['heldout']:.3f}",
+             f"- mismatch over all steps: max KL {max((r.get('kl_max') or 0) for r in log):.3g}, "
+             f"max |dlogp| {max((r.get('dlogp_max') or 0) for r in log):.3g}", "",
+             "| step | reward | held-out | groups kept | resp len | loss | clip frac | KL mean | KL max | |dlogp| mean | |dlogp| max | routing agree | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in log:
+        lines.append(f"| {r['step']} | {r['reward']:.3f} | {_fmt(r['heldout'])} | {r['groups_kept']}/{r['groups_sampled']} | "
+                     f"{_fmt(r['response_len'], '.1f')} | {_fmt(r.get('loss'), '.4f')} | {_fmt(r.get('clip_frac'), '.3f')} | "
+                     f"{_fmt(r.get('kl_mean'))} | {_fmt(r.get('kl_max'))} | {_fmt(r.get('dlogp_mean'))} | "
+                     f"{_fmt(r.get('dlogp_max'))} | {_fmt(r.get('routing_agreement'))} | "
+                     f"{r['rollout_s'] + r['train_s'] + r['sync_s']:.0f} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sglang_dsv41.train.rl", description=__doc__.split("\n")[0])
+    p.add_argument("--server", required=True, help="URL of the SGLang server serving --model")
+    p.add_argument("--model", default="deepseek-v4.1-tiny", help="the checkpoint the server serves (dir or alias)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--prompts", type=int, default=8, help="groups (prompts) per step after dynamic sampling")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (group size)")
+    p.add_argument("--level", type=int, default=2, help="task level of the training problems")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eps-low", type=float, default=0.2)
+    p.add_argument("--eps-high", type=float, default=0.28)
+    p.add_argument("--overlong-buffer", type=int, default=4)
+    p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--max-rounds", type=int, default=3, help="dynamic sampling: sampling rounds per step at most")
+    p.add_argument("--r3", action="store_true", help="force the rollouts' routed experts in the trainer")
+    p.add_argument("--no-routing", dest="routing", action="store_false",
+                   help="do not request routed experts (server without --enable-return-routed-experts)")
+    p.add_argument("--eval-level", type=int, default=2)
+    p.add_argument("--eval-n", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", default="rl_out", help="directory for rl.jsonl, rl.png and the weight-sync files")
+    p.add_argument("--results", default=None, help="write a markdown results table here")
+    a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
+    if a.r3 and not a.routing:
+        p.error("--r3 needs routed experts; drop --no-routing")
+    for flag in ("steps", "prompts", "n", "max_new_tokens", "max_rounds", "eval_n", "eval_every"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if a.n < 2:
+        p.error("--n must be >= 2 (group-relative advantages)")
+    if a.level not in task.RANGES or a.eval_level not in task.RANGES:
+        p.error(f"--level / --eval-level must be one of {sorted(task.RANGES)}")
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")  # the server's CPU kernels (docs/numerics.md)
+    torch.manual_seed(a.seed)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    log = run(a)
+    last = log[-1]
+    print(json.dumps({"steps": len(log), "reward_last": last["reward"], "heldout_last": last["heldout"],
+                      "kl_max": max((r.get("kl_max") or 0) for r in log)}))
+
+
+if __name__ == "__main__":
+    main()
