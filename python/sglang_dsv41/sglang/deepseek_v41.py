@@ -104,7 +104,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         state = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, t in tensors.items():
-                state[name].copy_(t)
+                state[name].copy_(t)  # stacked MoE experts: the parameters are views, so the stack follows
+        for m in self.model.modules():  # copies derived from weights (runtime.kernels.prepare_layers)
+            if "_dequantized" in m.__dict__:
+                m.keep_dequantized(True)
         logger.info("weight update: %d of %d tensors replaced", len(tensors), len(state))
 
     def weight_update_error(self, path: str) -> str | None:
