@@ -217,7 +217,7 @@ def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float
              f"end {log[-1]['heldout']:.3f}",
              f"- mismatch over all steps: max KL {max((r.get('kl_max') or 0) for r in log):.3g}, "
              f"max |dlogp| {max((r.get('dlogp_max') or 0) for r in log):.3g}", "",
-             "| step | reward | held-out | groups kept | resp len | loss | clip frac | KL mean | KL max | |dlogp| mean | |dlogp| max | routing agree | s |",
+             "| step | reward | held-out | groups kept | resp len | loss | clip frac | KL mean | KL max | mean abs dlogp | max abs dlogp | routing agree | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in log:
         lines.append(f"| {r['step']} | {r['reward']:.3f} | {_fmt(r['heldout'])} | {r['groups_kept']}/{r['groups_sampled']} | "
