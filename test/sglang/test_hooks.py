@@ -109,6 +109,12 @@ def test_aliases(tmp_path, monkeypatch):
     ("speculative_algorithm", "EAGLE", "--speculative-algorithm"),
     ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
     ("enable_unified_memory", True, "--enable-unified-memory"),
+    ("tp_size", 2, "--tp-size"),
+    ("ep_size", 4, "--ep-size"),
+    ("enable_hierarchical_cache", True, "--enable-hierarchical-cache"),
+    ("disaggregation_mode", "prefill", "--disaggregation-mode"),
+    ("enable_lora", True, "--enable-lora"),
+    ("lora_paths", ["a=/x"], "--enable-lora"),
 ])
 def test_rejected_flags_name_the_flag(field, value, flag):
     with pytest.raises(ValueError, match=flag):
@@ -120,9 +126,7 @@ ENC = "--enable-encoder-swa-bounded-replay"
 
 @pytest.mark.parametrize("extra, flag", [
     ({"enable_mixed_chunk": True}, "--enable-mixed-chunk"),
-    ({"enable_lora": True}, "--enable-lora"),
     ({"enable_session_radix_cache": True}, "--enable-session-radix-cache"),
-    ({"disaggregation_mode": "decode"}, "--disaggregation-mode"),
     ({"chunked_prefill_size": 191, "page_size": 64}, "--chunked-prefill-size"),
     ({"chunked_prefill_size": 383, "page_size": 256}, "--chunked-prefill-size"),
     ({"max_running_requests": 0}, "--max-running-requests"),

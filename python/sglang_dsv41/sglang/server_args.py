@@ -46,6 +46,16 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          spec is not None and str(spec).upper() == "DSPARK"),
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
+        # not implemented by sglang-dsv41 yet (each would silently compute something else)
+        ("--tp-size", "tensor parallelism is not implemented by sglang-dsv41 yet (every rank would hold the "
+         "whole model with no all-reduce)", (getattr(cfg, "tp_size", 1) or 1) > 1),
+        ("--ep-size", "expert parallelism is not implemented by sglang-dsv41 yet", (getattr(cfg, "ep_size", 1) or 1) > 1),
+        ("--enable-hierarchical-cache", "HiCache is not implemented by sglang-dsv41 yet (our KV pools are not "
+         "SGLang's, so its host copies would miss them)", bool(getattr(cfg, "enable_hierarchical_cache", False))),
+        ("--disaggregation-mode", "PD disaggregation is not implemented by sglang-dsv41 yet (our KV pools are "
+         "not transferred)", getattr(cfg, "disaggregation_mode", "null") not in (None, "null")),
+        ("--enable-lora", "LoRA adapters are not implemented by sglang-dsv41 yet",
+         bool(getattr(cfg, "enable_lora", False)) or bool(getattr(cfg, "lora_paths", None))),
     ]
     return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg)
 
