@@ -110,9 +110,10 @@ def test_decoder_prompt_logprob_request_runs_every_row(model, ref, tokens):
 
 @pytest.mark.parametrize("decoder", [False, True])
 def test_encoder_hit_equals_reference(model, ref, tokens, decoder):
-    """A prefix hit of P = 128 cached tokens (2 pages): the window is rebuilt by recomputing them in
-    front of 72 new tokens; the hit forward equals the reference's prefix-hit forward bit for bit."""
-    P, new = 128, tokens[1][:72]
+    """A prefix hit of P = 192 cached tokens (3 pages): the window is rebuilt by recomputing the last
+    128 of them (floored at 64) in front of 40 new tokens; the hit forward equals the reference's
+    prefix-hit forward bit for bit, and differs from a cold prefill."""
+    P, new = 192, tokens[1][:40]
     drv = driver(model, encoder_replay=True, decoder_replay=decoder)
     src = Sequence(0, tokens[0][:P], P)
     drv.run([src], 1, chunk=64, release=False)  # the earlier request: its pages are the cached prefix
@@ -123,6 +124,16 @@ def test_encoder_hit_equals_reference(model, ref, tokens, decoder):
     assert torch.equal(got, want)
     cold = ref.forward(torch.tensor(tokens[0][:P] + new), decoder_tail_replay=decoder).logits[-1]
     assert not torch.equal(got, cold)  # an approximation: rows near the hit saw a truncated window
+
+
+def test_encoder_hit_within_one_window_is_exact(model, ref, tokens):
+    """P <= 128: every cached token is recomputed from position 0, so the hit equals cold prefill."""
+    P, new = 128, tokens[1][:24]
+    drv = driver(model, encoder_replay=True)
+    src = Sequence(0, tokens[0][:P], P)
+    drv.run([src], 1, chunk=64, release=False)
+    got = drv.step([drv.fork(src, 1, new)], [len(new)]).logits[-1]
+    assert torch.equal(got, ref.forward(torch.tensor(tokens[0][:P] + new)).logits[-1])
 
 
 def test_encoder_decode_after_hit_reads_the_ring(model, ref, tokens):
