@@ -7,8 +7,12 @@ required: experts no token of a rank routed to, and the indexer (top-k only), ge
 
 Loss normalisation: a rank's loss is its summed token cross-entropy times world / N, where N is the
 target-token count of the GLOBAL batch (all-reduced), so DDP's gradient average equals the gradient
-of the global mean over tokens: one process on the concatenated batch (up to the order of the fp32
-gradient sums). Launch: `torchrun --nproc-per-node K ...` (env:// rendezvous), or
+of the global mean over tokens: one process on the concatenated batch, bit for bit on the CPU
+(test/train/test_ddp.py) when both run with the same torch thread count. The thread count matters:
+MKL's fp32 GEMM splits the K reduction over threads for some shapes (`layers.linear.fp32_linear`, the
+mHC mixes), so the forward's last bits, and through the FP8 roundings and top-k its decisions, depend
+on `torch.get_num_threads()`. Give every rank, and any process it is compared with, the same count.
+Launch: `torchrun --nproc-per-node K ...` (env:// rendezvous), or
 `init(rank, world, backend, init_method)` from a spawned process.
 """
 
