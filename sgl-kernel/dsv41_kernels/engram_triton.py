@@ -74,9 +74,14 @@ def engram_hash_triton(windows, positions, multipliers, primes, offsets, pad_cla
 # ------------------------------------------------------------------------------------- gather
 @triton.jit
 def _engram_gather_kernel(w_ptr, s_ptr, ids_ptr, dst_ptr, out_ptr, n, HD: tl.constexpr, G: tl.constexpr,
-                          BLOCK_R: tl.constexpr, INDIRECT: tl.constexpr, FAST: tl.constexpr, RAW: tl.constexpr):
+                          BLOCK_R: tl.constexpr, INDIRECT: tl.constexpr, FAST: tl.constexpr, RAW: tl.constexpr,
+                          WIDE: tl.constexpr):
     """Rows ids[i] of (w [R, HD] e4m3 bytes, s [R, HD/32] UE8M0 bytes) -> out[dst[i]] (dst = i
-    unless INDIRECT) as bf16 [HD]. RAW: w_ptr / s_ptr are int64 addresses (pinned host memory)."""
+    unless INDIRECT) as bf16 [HD]. RAW: w_ptr / s_ptr are int64 addresses (pinned host memory).
+    WIDE (w 16-byte aligned, s 8-byte aligned): the alignment is stated to the compiler, so each
+    thread reads 16 consecutive row bytes in one vector load and a warp reads 2 whole rows, i.e.
+    four complete 128-byte lines (full-size PCIe reads from a host table, instead of one 32-byte
+    sector per byte-wide warp load), and a row's 8 scale bytes in one 8-byte load."""
     if RAW:
         w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
         s_ptr = s_ptr.to(tl.pointer_type(tl.uint8))
@@ -91,8 +96,13 @@ def _engram_gather_kernel(w_ptr, s_ptr, ids_ptr, dst_ptr, out_ptr, n, HD: tl.con
     j = tl.arange(0, 32)[None, None, :]
     m3 = im[:, None, None]
     col = g * 32 + j
-    b = tl.load(w_ptr + rid[:, None, None] * HD + col, mask=m3, other=0)  # [BLOCK_R, G, 32]
-    e = tl.load(s_ptr + rid[:, None, None] * G + g, mask=m3, other=127)  # [BLOCK_R, G, 1]
+    wp = w_ptr + rid[:, None, None] * HD + col  # [BLOCK_R, G, 32]
+    sp = s_ptr + rid[:, None, None] * G + g  # [BLOCK_R, G, 1]
+    if WIDE:
+        wp = tl.max_contiguous(tl.multiple_of(wp, [16, 16, 16]), [1, 1, 16])
+        sp = tl.max_contiguous(tl.multiple_of(sp, [8, 8, 1]), [1, 8, 1])
+    b = tl.load(wp, mask=m3, other=0)
+    e = tl.load(sp, mask=m3, other=127)
     if FAST:
         v = (b.to(tl.float8e4nv, bitcast=True).to(tl.float32) * e8m0_value(e)).to(tl.bfloat16)
     else:
@@ -100,13 +110,32 @@ def _engram_gather_kernel(w_ptr, s_ptr, ids_ptr, dst_ptr, out_ptr, n, HD: tl.con
     tl.store(out_ptr + orow[:, None, None] * HD + col, v, mask=m3)
 
 
-def _gather_launch(w8, s8, ids, dst, out, n, block_r=16, num_warps=4):
+HOST_GATHER_CONFIG = (16, 4)
+"""(rows per program, warps) of the pinned-host gather: 16 rows x 256 B over 128 threads, two
+16-byte loads in flight per thread (benchmark/engram_host.py sweeps the alternatives)."""
+DEVICE_GATHER_CONFIG = (8, 4)
+
+
+def _gather_launch(w8, s8, ids, dst, out, n, block_r, num_warps, wide=None):
     hd = w8.size(1)
     raw = w8.device.type == "cpu" and ids.is_cuda  # pinned host table: pass addresses (UVA)
+    aligned = hd % 16 == 0 and (hd // 32) % 8 == 0 and w8.data_ptr() % 16 == 0 and s8.data_ptr() % 8 == 0
+    wide = aligned if wide is None else (wide and aligned)
     grid = (triton.cdiv(n, block_r),)
     _engram_gather_kernel[grid](w8.data_ptr() if raw else w8, s8.data_ptr() if raw else s8, ids,
                                 dst if dst is not None else ids, out, n, HD=hd, G=hd // 32, BLOCK_R=block_r,
-                                INDIRECT=dst is not None, FAST=not INTERPRET, RAW=raw, num_warps=num_warps)
+                                INDIRECT=dst is not None, FAST=not INTERPRET, RAW=raw, WIDE=wide, num_warps=num_warps)
+
+
+def gather_sorted(w8: torch.Tensor, s8: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
+                  block_r: int = 0, num_warps: int = 0, wide: bool | None = None) -> None:
+    """The host-table path on any device: w8 uint8 [R, hd], s8 uint8 [R, hd/32], ids int64 [n]
+    sorted first (no host sync, capturable), rows read in address order and written back to their
+    own rows of out bf16 [n, hd]. `wide=False` keeps byte-wide loads (the earlier kernel, for
+    benchmarks); None: 16-byte loads whenever the table is aligned."""
+    n = ids.numel()
+    srt, order = torch.sort(ids)
+    _gather_launch(w8, s8, srt, order, out, n, block_r or HOST_GATHER_CONFIG[0], num_warps or HOST_GATHER_CONFIG[1], wide)
 
 
 @engram_gather.triton_impl
@@ -123,10 +152,10 @@ def engram_gather_triton(weight, scale, row_ids, block_r: int = 0, num_warps: in
     w8, s8 = weight.view(torch.uint8), scale.view(torch.uint8)
     if weight.device.type == "cpu" and dev.type == "cuda":  # pinned host table: reads in address order
         assert weight.is_pinned() and scale.is_pinned(), "a host Engram table must be pinned"
-        srt, order = torch.sort(ids)  # no host sync: graph-capturable
-        _gather_launch(w8, s8, srt, order, out.view(n, hd), n, block_r or 2, num_warps or 2)
+        gather_sorted(w8, s8, ids, out.view(n, hd), block_r, num_warps)
         return out
-    _gather_launch(w8, s8, ids.contiguous(), None, out.view(n, hd), n, block_r or 8, num_warps or 4)
+    _gather_launch(w8, s8, ids.contiguous(), None, out.view(n, hd), n, block_r or DEVICE_GATHER_CONFIG[0],
+                   num_warps or DEVICE_GATHER_CONFIG[1])
     return out
 
 

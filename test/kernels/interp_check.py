@@ -33,7 +33,36 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - report every case
             bad += 1
             print(f"FAIL {cid}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    bad += host_gather_cases(assert_match, build)
     return 1 if bad else 0
+
+
+def host_gather_cases(assert_match, build) -> int:
+    """The pinned-host gather path (ids sorted, rows written back through the sort order), which on a
+    GPU runs only for a host table: here on CPU tensors, 16-byte-load hints on and off, and a table
+    base that is not 16-byte aligned (byte loads). Oracle: the twin, bitwise."""
+    import torch
+
+    from dsv41_kernels import ops
+    from dsv41_kernels.engram_triton import gather_sorted
+
+    bad = 0
+    for i, (shape, wide, shift) in enumerate((((37, 24), None, 0), ((5, 3), False, 0), ((9, 24), None, 1))):
+        cid = f"engram_gather-host-sorted-shape{shape}-wide{wide}-shift{shift}"
+        try:
+            w, s, ids = build("engram_gather", dict(shape=shape), 100 + i, "cpu")["args"]
+            if shift:  # the same rows at a base address 1 byte past a 16-byte boundary
+                buf = torch.empty(w.numel() + 16, dtype=torch.uint8)[shift : shift + w.numel()]
+                w = buf.view(w.shape).copy_(w.view(torch.uint8)).view(torch.float8_e4m3fn)
+            n = ids.numel()
+            out = torch.full((n, w.size(1)), float("nan"), dtype=torch.bfloat16)
+            gather_sorted(w.view(torch.uint8), s.view(torch.uint8), ids.reshape(-1), out, 4, 2, wide)
+            assert_match(out.view(*shape, -1), ops.engram_gather.torch(w, s, ids), "bitwise", what=cid)
+            print(f"PASS {cid}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case
+            bad += 1
+            print(f"FAIL {cid}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return bad
 
 
 if __name__ == "__main__":

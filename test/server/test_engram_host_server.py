@@ -53,3 +53,29 @@ def test_logprobs_bit_equal_to_default_placement(server, tiny_reference):
     assert [x[0] for x in meta["output_token_logprobs"]] == lps
     got_in = [x[0] for x in meta["input_token_logprobs"][1:]]
     assert len(got_in) == len(in_lps) and max(abs(a - b) for a, b in zip(got_in, in_lps)) <= LOGPROB_ATOL
+
+
+def test_adapter_applies_the_kernel_op_table_on_cuda_only(tiny_dir):
+    """The model class's kernel step (`apply_kernels`, called in load_weights after the token map and before
+    the prefetch attaches): on CUDA every kernel slot, the host tables' gather and the Engram hash / gate
+    included, is the op table's op; elsewhere the layers keep their torch defaults. Runs on this CPU model:
+    setting the slots allocates nothing on a device."""
+    pytest.importorskip("triton")
+    from sglang_dsv41.engram_host import HostEngramTable
+    from sglang_dsv41.engram_host.loader import load_model_host_tables
+    from sglang_dsv41.runtime.kernels import _slotted
+    from sglang_dsv41.sglang.deepseek_v41 import apply_kernels
+
+    model, _ = load_model_host_tables(tiny_dir, "shared", progress=False)
+    assert apply_kernels(model, torch.device("cpu")) is None
+    slotted = list(_slotted(model))
+    assert all(attr not in m.__dict__ for m in slotted for attr in type(m).kernel_slots)
+    table = apply_kernels(model, torch.device("cuda"))
+    assert {"engram_gather", "engram_gate", "engram_hash"} <= set(table.names())
+    for m in slotted:
+        for attr, op in type(m).kernel_slots.items():
+            assert m.__dict__.get(attr) is getattr(table, op), (type(m).__name__, attr)
+    hosts = [m for m in model.modules() if isinstance(m, HostEngramTable)]
+    assert hosts and all(m.gather is table.engram_gather for m in hosts)
+    assert model.hasher.window_hash is table.engram_hash
+    assert all(layer.engram.gate is table.engram_gate for layer in model.layers if layer.engram is not None)

@@ -18,6 +18,7 @@ from torch import nn
 from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
+from dsv41_kernels.op_table import OpTable
 from sglang_dsv41.checkpoint.io import CheckpointError, check_headers, check_tensors
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
@@ -29,6 +30,21 @@ from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits
 from sglang_dsv41.sglang.report import startup_report
 
 logger = logging.getLogger(__name__)
+
+
+def apply_kernels(model: DeepseekV41, device: torch.device) -> OpTable | None:
+    """On CUDA: point every kernel slot of the loaded model (GEMMs, norms, MoE, indexer, Engram hash /
+    gather / gate, host tables included) at the registry op table (`runtime.kernels.use_kernels`) and
+    return the table, which the paged KV uses too. Elsewhere None: the layers keep their torch
+    defaults (the twins' math). Call after the token map is set (the hasher exists) and before the
+    Engram prefetch attaches (it wraps the hasher's slot)."""
+    if torch.device(device).type != "cuda":
+        return None
+    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
+
+    table = kernel_table(device)
+    use_kernels(model, table)
+    return table
 
 
 def _model_config(config) -> ModelConfig:
@@ -53,6 +69,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.model = DeepseekV41(self.cfg)
         self.logits_processor = LogitsProcessor(config)
         self.runtime: Runtime | None = None
+        self.ops = None  # the kernel op table on CUDA (apply_kernels), else None: registry ops
         self.windows: RequestWindows | None = None
         self.store: TokenStore | None = None
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
@@ -83,6 +100,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.model.set_token_map(token_map_tensor(str(path), device=device))
         else:
             self.model.engram_token_map = torch.zeros(0, dtype=torch.int64, device=device)
+        self.ops = apply_kernels(self.model, torch.device(device))
         if host:
             host.finish(self.model)
         self.model.eval()
@@ -143,7 +161,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             device = fb.input_ids.device
             replay = swa_replay_modes()
             pools = KVPools(self.cfg, num_slots, num_req_slots, device, window_rings=replay.encoder)
-            self.runtime = Runtime(self.model, pools, decoder_replay=replay.decoder)
+            self.runtime = Runtime(self.model, pools, self.ops, decoder_replay=replay.decoder)
             self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
             self.store = TokenStore(num_slots, device)
             logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
