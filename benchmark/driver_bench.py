@@ -1,12 +1,26 @@
-"""End-to-end prefill + greedy decode through the standalone driver (paged runtime, no SGLang).
+"""End-to-end prefill + greedy decode through the standalone driver (paged runtime, no SGLang), each
+time printed next to its floor (benchmark/roofline.py: bytes / HBM bandwidth for decode, matrix
+FLOPs / bf16 matmul rate for prefill; both ceilings measured in the same run on CUDA).
 
-    python benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 \
-        --chunk 8192 [--warmup] [--tokens-out tokens.json] [--results-dir benchmark/results]
+    python benchmark/driver_bench.py --preset bench --prompts 8 --prompt-len 8192 --decode 32 \\
+        --chunk 8192 [--warmup] [--no-graph] [--fast-weights] [--tokens-out tokens.json] [--results-dir DIR]
+    python benchmark/driver_bench.py --preset bench --fast-weights --sweep 8,64 --context 8192 --steps 16 \\
+        --check --profile [--skip-e2e]
 
-Prints one markdown row (prefill/decode throughput, peak memory, and the ops the timed run really
-called: every call of the op table is counted by which implementation ran, Triton or torch twin;
-model code outside the op table (mHC, router, MoE loop, norms, head) is plain torch) and appends it, with the date, device and command, to <results-dir>/<date>-<device>-driver.md.
-The generated tokens can be written as json to compare devices (same seed -> same prompts).
+The end-to-end row: prefill / decode throughput, peak memory and the ops the timed run really
+called (each call of the op table counted by the implementation that ran; with decode graphs the
+decode ops are counted once, at capture). Decode runs as one captured CUDA graph per batch size
+unless --no-graph.
+--sweep B1,B2: decode steps of B requests at --context cached tokens without a prefill (the pools
+  are filled with finite random bytes, tokens teacher-forced): the driver loop with graphs, the
+  graph replay alone, the fixed-shape step run eagerly, and the eager step (--no-graph's path).
+--check (CUDA): host syncs of one step (torch.cuda.set_sync_debug_mode) for the eager and the
+  fixed-shape step, and graph replay vs the eager fixed-shape step vs the eager step, bitwise, over
+  a short real prefill + decode.
+--profile (CUDA): torch.profiler of one graph replay and one eager fixed-shape step per sweep batch:
+  the ops with the most device time.
+Everything printed is also written to <results-dir>/<date>-<device>-decode-graph.md (with --sweep /
+--check / --profile) or appended to <date>-<device>-driver.md, with the date, device and command.
 """
 
 from __future__ import annotations
@@ -17,23 +31,236 @@ import json
 import shlex
 import sys
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel"), str(ROOT / "benchmark")]
 
+from roofline import decode_bytes, measure_ceilings, prefill_flops  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
-from sglang_dsv41.runtime.driver import Driver, random_prompts  # noqa: E402
+from sglang_dsv41.runtime.driver import Driver, Sequence, random_prompts  # noqa: E402
+from sglang_dsv41.runtime.graph import DecodeGraph  # noqa: E402
 from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
 from sglang_dsv41.tiny import random_model, write_tiny_checkpoint  # noqa: E402
+
+LOG: list[str] = []
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+    LOG.append(text)
+
+
+def sync(dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------- floors
+def decode_floor(model, ceil, batch: int, context: int, experts=None) -> tuple[float, dict]:
+    b = decode_bytes(model, batch, context, experts)
+    return (b["total"] / (ceil["hbm_tb_s"] * 1e12) * 1e3 if ceil else float("nan")), b
+
+
+def active_experts(out) -> dict[int, int]:
+    return {lid: int(torch.unique(t).numel()) for lid, t in out.decisions.routed_experts.items()}
+
+
+# ---------------------------------------------------------------------------------------- sweep
+def synthetic_seqs(drv: Driver, batch: int, context: int, steps: int, seed: int) -> tuple[list[Sequence], list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(3, drv.model.cfg.vocab_size, (batch, context + steps + 1), generator=g).tolist()
+    seqs = [Sequence(i, t[:context], context, cached=context) for i, t in enumerate(toks)]
+    for s in seqs:
+        drv.pools.clear_request(s.req_slot)
+    drv._table(seqs, context)
+    return seqs, [t[context:] for t in toks]
+
+
+def reset(seqs: list[Sequence], context: int) -> None:
+    for s in seqs:
+        s.tokens, s.cached = s.tokens[:context], context
+
+
+def loop_ms(drv: Driver, seqs, context: int, steps: int, teacher, graphs) -> float:
+    """ms per decode step of the driver loop (host work, one token read per step included)."""
+    drv.graphs = graphs
+    reset(seqs, context)
+    _, st = drv.run(seqs, steps + 1, teacher=teacher, release=False)
+    return st["decode_s"] / steps * 1e3
+
+
+def event_ms(fn, reps: int) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / reps
+
+
+def top_ops(prof, n: int = 12) -> tuple[float, list[tuple[str, int, float]]]:
+    evs = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in evs) / 1e3
+    evs.sort(key=lambda e: -e.self_device_time_total)
+    return total, [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in evs[:n]]
+
+
+def sweep(a, model, table, dev, ceil) -> None:
+    batches = [int(x) for x in a.sweep.split(",")]
+    ctx, steps = a.context, a.steps
+    drv = Driver(model, max(batches) * (ctx + steps + 2 * a.page_size), max(batches), a.page_size, dev, ops=table, graphs=True)
+    with torch.inference_mode():
+        for pool in [*drv.pools.window, *drv.pools.compressed.values(), *drv.pools.index_keys.values()]:
+            pool.random_(0, 0x70)  # finite FP8 / FP4 codes and scales
+    bw = ceil["hbm_tb_s"] if ceil else float("nan")
+    say(f"\n### Decode steps at {ctx} cached tokens (synthetic context, {steps} timed steps; floor = bytes / "
+        f"{bw:.2f} TB/s)\n")
+    say("| batch | path | ms / step | tok/s | floor ms (weights + KV GB) | x floor |")
+    say("|---|---|---|---|---|---|")
+    for B in batches:
+        seqs, teacher = synthetic_seqs(drv, B, ctx, steps, a.seed + B)
+        teach = {s.req_slot: t for s, t in zip(seqs, teacher)}
+        tlist = [teach.get(i, []) for i in range(max(batches))]
+        graphs: dict = {}
+        loop_ms(drv, seqs, ctx, 2, tlist, graphs)  # capture (and Triton compile)
+        g_ms = loop_ms(drv, seqs, ctx, steps, tlist, graphs)
+        g = next(iter(graphs.values()))
+        experts = active_experts(g.out)
+        replay_ms = event_ms(g.graph.replay, steps) if g.graph is not None else float("nan")
+        floor, b = decode_floor(model, ceil, B, ctx, experts)
+        static = DecodeGraph(drv.runtime, B, g.capacity, g.hw, capture=False)
+        static.set_table(g.token_table)
+        reset(seqs, ctx)
+        args = ([s.tokens[-1] for s in seqs], [ctx - 1] * B, [s.req_slot for s in seqs],
+                [s.tokens[ctx - 1 - g.hw : ctx - 1] for s in seqs])
+        static.step(*args)
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(a.eager_steps):
+            static.step(*args)
+        sync(dev)
+        static_ms = (time.perf_counter() - t0) / a.eager_steps * 1e3
+        loop_ms(drv, seqs, ctx, 1, tlist, None)  # eager warm-up
+        e_ms = loop_ms(drv, seqs, ctx, a.eager_steps, tlist, None)
+        gb = f"{floor:.3f} ({b['weights'] / 1e9:.2f} + {b['kv'] / 1e9:.2f})"
+        for path, ms in (("graph, driver loop", g_ms), ("graph replay only", replay_ms),
+                         ("fixed shapes, eager", static_ms), ("eager (--no-graph)", e_ms)):
+            say(f"| {B} | {path} | {ms:.2f} | {B / ms * 1e3:.0f} | {gb} | {ms / floor:.1f} |")
+        if a.profile and dev == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            for what, fn in (("graph replay", g.graph.replay), ("fixed-shape step, eager", lambda: static.step(*args))):
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    fn()
+                    sync(dev)
+                total, rows = top_ops(prof)
+                say(f"\nProfile, batch {B}, one {what}: {total:.2f} ms of device time in all; top ops by self device time:\n")
+                say("| op / kernel | calls | ms | share |")
+                say("|---|---|---|---|")
+                for name, calls, ms in rows:
+                    say(f"| `{name.replace('|', '/')}` | {calls} | {ms:.3f} | {ms / max(total, 1e-9):.0%} |")
+            say("")
+        drv.release(seqs)
+        del static, graphs, g
+        say("")
+
+
+# ---------------------------------------------------------------------------------------- check
+def syncs_of(fn) -> Counter:
+    sites: Counter = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            sites[f"{Path(w.filename).name}:{w.lineno}"] += 1
+    return sites
+
+
+def check(a, model, table, dev) -> None:
+    say("\n### Checks\n")
+    prompts = random_prompts(model.cfg.vocab_size, a.check_batch, a.check_len, a.seed + 1)
+    runs = {}
+    modes = (("eager", False, None), ("fixed shapes, eager", True, False)) + ((("graph", True, True),) if dev == "cuda" else ())
+    for name, graphs, capture in modes:
+        drv = Driver(model, a.check_batch * (a.check_len + a.check_decode + 2 * a.page_size), a.check_batch,
+                     a.page_size, dev, ops=table, graphs=graphs)
+        drv.graph_capture = capture
+        trace: list = []
+        new, _ = drv.generate(prompts, a.check_decode, a.chunk, trace=trace)
+        runs[name] = (new, trace, drv)
+    base_new, base_trace, _ = runs["fixed shapes, eager"]
+    for name in [m[0] for m in modes[::-1] if m[0] != "fixed shapes, eager"]:
+        new, trace, _ = runs[name]
+        n_prefill = len(trace) - (a.check_decode - 1)
+        same = [torch.equal(x.logits, y.logits) for x, y in zip(trace[n_prefill:], base_trace[n_prefill:])]
+        diff = max(float((x.logits - y.logits).abs().max()) for x, y in zip(trace[n_prefill:], base_trace[n_prefill:]))
+        say(f"- {name} vs fixed-shape eager step, {a.check_batch} x {a.check_len} prompts, {a.check_decode - 1} decode "
+            f"steps: logits bitwise equal in {sum(same)}/{len(same)} steps (max |diff| {diff:.3g}); tokens equal: {new == base_new}")
+    if dev != "cuda":
+        return
+    # host syncs of one decode step on each path
+    drv = runs["eager"][2]
+    seqs = [Sequence(i, p + [3], len(p)) for i, p in enumerate(prompts)]
+    for s in seqs:
+        drv.pools.clear_request(s.req_slot)
+    drv.run(seqs, 1, a.chunk, release=False)  # prefill only
+    eager = syncs_of(lambda: drv.step(seqs, [1] * len(seqs)))
+    drv.graphs, drv.graph_capture = {}, False
+    g = drv.decode_graph(seqs, 3)
+    static = syncs_of(lambda: drv.graph_step(g, seqs))
+    for name, sites in (("eager step", eager), ("fixed-shape step (what the graph captures)", static)):
+        where = ", ".join(f"{k} x{v}" for k, v in sites.most_common()) or "none"
+        say(f"- host syncs of one {name}: {sum(sites.values())} ({where})")
+    drv.release(seqs)
+
+
+# ---------------------------------------------------------------------------------------- e2e
+def e2e(a, model, table, calls, dev, ceil, name) -> None:
+    prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
+    drv = Driver(model, a.prompts * (a.prompt_len + a.decode + 2 * a.page_size), a.prompts, a.page_size, dev, ops=table,
+                 decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay,
+                 graphs=not a.no_graph and not a.encoder_replay)
+    if a.warmup:  # one prompt compiles every prefill kernel (chunks are per-prompt); decode graphs are
+        drv.generate(prompts[:1], 2, a.chunk)  # captured before the decode timer starts (stats graph_s)
+    calls.clear()
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    new, st = drv.generate(prompts, a.decode, a.chunk)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
+    used = ", ".join(f"{n} ({impl} x{c})" for (n, impl), c in sorted(calls.items()))
+    modes = "+".join(m for m, on in (("decoder replay", a.decoder_replay), ("encoder replay", a.encoder_replay),
+                                      ("no graph", a.no_graph)) if on)
+    f = prefill_flops(model, a.prompt_len)
+    pf_floor = a.prompts * f["total"] / (ceil["mma_tflops"] * 1e12) if ceil else float("nan")
+    steps = max(a.decode - 1, 1)
+    ms = st["decode_s"] / steps * 1e3
+    d_floor, _ = decode_floor(model, ceil, a.prompts, a.prompt_len + a.decode // 2)
+    say("\n| preset | prompts | decode steps | chunk | prefill s | prefill floor s (MMA) | prefill tok/s | decode ms/step | "
+        "decode floor ms (HBM) | decode tok/s | graph capture s | peak GiB | ops called (implementation x calls) |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    say(f"| {a.preset}{' (' + modes + ')' if modes else ''} | {a.prompts} x {a.prompt_len} | {a.decode} | {a.chunk} | "
+        f"{st['prefill_s']:.2f} | {pf_floor:.2f} ({f['total'] * a.prompts / 1e12:.0f} TFLOP) | {st['prefill_tok_s']:.0f} | "
+        f"{ms:.2f} | {d_floor:.2f} | {st['decode_tok_s']:.1f} | {st['graph_s']:.2f} | {peak:.1f} | {used or 'none'} |")
+    if a.tokens_out:
+        Path(a.tokens_out).write_text(json.dumps({"prompts_seed": a.seed, "tokens": new}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="small")
     ap.add_argument("--model", help="existing checkpoint dir (default: generate the preset)")
+    ap.add_argument("--fast-weights", action="store_true", help="random weights drawn in memory on the device (any preset)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--decode", type=int, default=16)
@@ -41,48 +268,55 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens-out")
-    ap.add_argument("--warmup", action="store_true", help="run the whole generate once untimed first (Triton JIT)")
+    ap.add_argument("--warmup", action="store_true", help="compile the kernels and capture the decode graph untimed first")
+    ap.add_argument("--no-graph", action="store_true", help="eager decode steps in the end-to-end run")
     ap.add_argument("--decoder-replay", action="store_true", help="decoder SWA bounded replay (tail-only prefill)")
     ap.add_argument("--encoder-replay", action="store_true", help="encoder SWA bounded replay (window KV in request rings)")
+    ap.add_argument("--sweep", help="comma-separated batch sizes: decode steps at --context without a prefill")
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--eager-steps", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="CUDA: host syncs per step, graph vs eager bitwise")
+    ap.add_argument("--check-batch", type=int, default=8)
+    ap.add_argument("--check-len", type=int, default=1000)
+    ap.add_argument("--check-decode", type=int, default=6)
+    ap.add_argument("--profile", action="store_true", help="CUDA: top ops of one step per sweep batch")
+    ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     t0 = time.perf_counter()
-    if a.model or a.preset not in ("release",):
-        path = Path(a.model) if a.model else write_tiny_checkpoint(Path("/tmp/dsv41-bench") / a.preset, a.preset, 0, dev)
-        model = load_model(path, device=dev, progress=False)
-    else:  # the 40-layer preset is built in memory (seconds, not minutes of sampling and writing)
+    if a.model:
+        model = load_model(Path(a.model), device=dev, progress=False)
+    elif a.fast_weights or a.preset == "release":  # in memory: seconds, not minutes of sampling and writing
         model = random_model(a.preset, Path("/tmp/dsv41-bench") / f"{a.preset}-mem", dev, fast=True)
+    else:
+        model = load_model(write_tiny_checkpoint(Path("/tmp/dsv41-bench") / a.preset, a.preset, 0, dev), device=dev, progress=False)
     t_load = time.perf_counter() - t0
-    prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     table, calls = kernel_table(dev).counting()
     use_kernels(model, table)
-    drv = Driver(model, a.prompts * (a.prompt_len + a.decode + a.page_size), a.prompts, a.page_size, dev, ops=table,
-                 decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay)
-    if a.warmup:
-        drv.generate(prompts, a.decode, a.chunk)
-    calls.clear()
-    if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    new, st = drv.generate(prompts, a.decode, a.chunk)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
-    used = ", ".join(f"{n} ({impl} x{c})" for (n, impl), c in sorted(calls.items()))
-    modes = "+".join(m for m, on in (("decoder replay", a.decoder_replay), ("encoder replay", a.encoder_replay)) if on)
-    row = (f"| {a.preset}{' (' + modes + ')' if modes else ''} | {a.prompts} x {a.prompt_len} | {a.decode} | {a.chunk} | {st['prefill_s']:.2f} | "
-           f"{st['prefill_tok_s']:.0f} | {st['decode_s']:.2f} | {st['decode_tok_s']:.1f} | {peak:.1f} | "
-           f"{used or 'none'} |")
-    header = ("| preset | prompts | decode steps | chunk | prefill s | prefill tok/s | decode s | decode tok/s | "
-              "peak GiB | ops called (implementation x calls) |\n|---|---|---|---|---|---|---|---|---|---|")
-    print(header + "\n" + row, flush=True)
-    if a.tokens_out:
-        Path(a.tokens_out).write_text(json.dumps({"prompts_seed": a.seed, "tokens": new}))
+    ceil = measure_ceilings(dev) if dev == "cuda" else None
     day = datetime.date.today().isoformat()
-    out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev}-driver.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
     cmd = "python " + " ".join(shlex.quote(x) for x in sys.argv)
-    with out.open("a") as f:
-        f.write(f"\n## {day} {name}, torch {torch.__version__} (load+generate checkpoint {t_load:.1f}s)\n`{cmd}`\n\n{header}\n{row}\n")
+    say(f"## {day} {name}, torch {torch.__version__}" + (f", triton {__import__('triton').__version__}" if dev == "cuda" else "")
+        + f" (model built in {t_load:.1f} s)\n`{cmd}`\n")
+    if ceil:
+        say(f"Ceilings measured in this run: HBM copy {ceil['hbm_tb_s']:.2f} TB/s (read + write), "
+            f"bf16 matmul {ceil['mma_tflops']:.0f} TFLOP/s.")
+    extra = a.sweep or a.check or a.profile
+    try:
+        if a.check:
+            check(a, model, table, dev)
+        if a.sweep:
+            sweep(a, model, table, dev, ceil)
+        if not a.skip_e2e:
+            e2e(a, model, table, calls, dev, ceil, name)
+    finally:
+        out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev}-{'decode-graph' if extra else 'driver'}.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write("\n" + "\n".join(LOG) + "\n")
 
 
 if __name__ == "__main__":

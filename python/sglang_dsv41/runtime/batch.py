@@ -52,6 +52,15 @@ class Batch:
     full_rows: torch.Tensor | None = None
     """bool [B] requests whose whole extend runs the late layers under decoder replay (None: those
     with a logits row before their tail)."""
+    seq_capacity: int | None = None
+    """Host int >= every request's seq end (prefix + extend): compressed slot tables (index scores,
+    top-k candidates) are `seq_capacity // ratio` wide. `build` sets the batch's largest seq end (the
+    widths a device read of the positions would give, without the read); a captured decode step sets
+    its fixed capacity. None: derived from the positions on the device (one host read)."""
+    static: bool = False
+    """Fixed-shape step (CUDA-graph capture, runtime/graph.py): no data-dependent shapes or host
+    reads. Every row runs the compressed-KV path and rows that complete no group write slot -1.
+    Needs replay_lens / window_floor / full_rows None and pools without window rings."""
 
     @property
     def seq_ends(self) -> torch.Tensor:
@@ -94,6 +103,7 @@ class Batch:
             rows = rows[torch.tensor([i >= r for r, n in zip(replay_lens, ext) for i in range(n)], dtype=torch.bool)]
         t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         replay = {}
+        ends_host = [p + n for p, n in zip(prefix_lens, ext) if n > 0]
         if replay_lens and any(replay_lens):
             replay = dict(replay_lens=t(replay_lens), window_floor=t([p if r else 0 for p, r in zip(prefix_lens, replay_lens)]))
         return Batch(
@@ -106,5 +116,6 @@ class Batch:
             token_table=token_table.to(device),
             history=hist.to(device),
             logits_rows=rows.to(device),
+            seq_capacity=max(ends_host, default=0),
             **replay,
         )

@@ -17,6 +17,7 @@ import torch
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.graph import DecodeGraph
 from sglang_dsv41.runtime.paged_runtime import Runtime
 from sglang_dsv41.runtime.pools import KVPools
 
@@ -54,10 +55,15 @@ class Sequence:
 class Driver:
     def __init__(self, model: DeepseekV41, max_tokens: int, max_requests: int, page_size: int = 64,
                  device: str | torch.device = "cpu", poison: bool = False, ops=None,
-                 decoder_replay: bool = False, encoder_replay: bool = False):
+                 decoder_replay: bool = False, encoder_replay: bool = False, graphs: bool = False):
         """`ops`: the paged KV's op table (default: registry ops). Kernels for the model's own slots
         are the caller's choice (`runtime.kernels.use_kernels`), as `main` does on CUDA.
-        `decoder_replay` / `encoder_replay`: the SWA bounded-replay modes (spec attention 7)."""
+        `decoder_replay` / `encoder_replay`: the SWA bounded-replay modes (spec attention 7).
+        `graphs`: decode steps run as fixed-shape `DecodeGraph`s, one per (batch size, capacity),
+        captured on CUDA (run eagerly elsewhere); False: the eager step with the batch's own shapes."""
+        if graphs and encoder_replay:
+            raise ValueError("decode graphs (the default; --no-graph turns them off) need per-token window "
+                             "pools: --encoder-replay runs with --no-graph")
         self.model, self.device = model, device
         self.page_size = page_size
         num_slots = -(-max_tokens // page_size) * page_size + page_size
@@ -66,6 +72,9 @@ class Driver:
         self.runtime = Runtime(model, self.pools, ops, decoder_replay=decoder_replay)
         self.max_requests = max_requests
         self.encoder_replay = encoder_replay
+        self.graphs: dict[tuple[int, int], DecodeGraph] | None = {} if graphs else None
+        self._graph_pool = None
+        self.graph_capture: bool | None = None  # None: capture on CUDA; False: run the fixed-shape step eagerly
 
     def fork(self, src: Sequence, req_slot: int, new_tokens: list[int]) -> Sequence:
         """A new request whose prompt starts with `src`'s cached tokens: a prefix-cache hit on the
@@ -159,15 +168,22 @@ class Driver:
         sync()
         t_prefill = time.perf_counter() - t0
         new = {s.req_slot: [] for s in seqs}
+        t0 = time.perf_counter()  # pages for every step + the graph of this batch size (captured once)
+        graph = self.decode_graph(seqs, max_new) if self.graphs is not None and replays is None and max_new > 1 else None
+        sync()
+        t_graph = time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(max_new):
-            for s in seqs:
-                tok = int(last[s.req_slot].argmax()) if teacher is None else teacher[s.req_slot][i]
+            if teacher is None:  # one host read per step: the greedy tokens of every request
+                toks = torch.stack([last[s.req_slot] for s in seqs]).argmax(-1).tolist()
+            else:
+                toks = [teacher[s.req_slot][i] for s in seqs]
+            for s, tok in zip(seqs, toks):
                 new[s.req_slot].append(tok)
                 s.tokens.append(tok)
             if i == max_new - 1:
                 break
-            out = self.step(seqs, [1] * len(seqs), replay=next(steps, None))
+            out = self.graph_step(graph, seqs) if graph is not None else self.step(seqs, [1] * len(seqs), replay=next(steps, None))
             self._trace(trace, seqs, out)
             for s, row in zip(seqs, out.logits):
                 last[s.req_slot] = row
@@ -175,10 +191,37 @@ class Driver:
         t_decode = time.perf_counter() - t0
         if release:
             self.release(seqs)
-        stats = {"prefill_s": t_prefill, "decode_s": t_decode,
+        stats = {"prefill_s": t_prefill, "decode_s": t_decode, "graph_s": t_graph,
                  "prefill_tok_s": prompt_tokens / max(t_prefill, 1e-9),
                  "decode_tok_s": len(seqs) * max(max_new - 1, 0) / max(t_decode, 1e-9)}
         return [new[s.req_slot] for s in seqs], stats
+
+    def decode_graph(self, seqs: list[Sequence], max_new: int) -> DecodeGraph:
+        """The decode graph for `max_new - 1` decode steps of `seqs` (prefilled): pages for every step
+        are allocated now, the capacity is the largest seq end rounded up to a page, and a graph of
+        that (batch size, capacity) is captured on first use (CUDA) and reused after."""
+        need = max(s.cached + max_new - 1 for s in seqs)
+        cap = -(-need // self.page_size) * self.page_size
+        key = (len(seqs), cap)
+        if key not in self.graphs:
+            if self._graph_pool is None and str(self.device).startswith("cuda"):
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
+            self.graphs[key] = DecodeGraph(self.runtime, len(seqs), cap, ngram, capture=self.graph_capture,
+                                           pool=self._graph_pool, scratch_slots=self.page_size)
+        g = self.graphs[key]
+        g.set_table(self._table(seqs, cap))
+        return g
+
+    def graph_step(self, graph: DecodeGraph, seqs: list[Sequence]):
+        """One decode step of `seqs` through `graph` (its table set by `decode_graph`)."""
+        hw = graph.hw
+        hist = [[0] * max(0, hw - s.cached) + s.tokens[max(0, s.cached - hw) : s.cached] for s in seqs]
+        out = graph.step([s.tokens[s.cached] for s in seqs], [s.cached for s in seqs], [s.req_slot for s in seqs], hist)
+        for s in seqs:
+            s.cached += 1
+            s.window_ready = True
+        return out
 
     def release(self, seqs: list[Sequence]) -> None:
         """Free the sequences' own pages (borrowed prefix pages stay with their owner)."""
@@ -235,13 +278,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", help="write the generated token ids as json")
     ap.add_argument("--decoder-replay", action="store_true", help="decoder SWA bounded replay (tail-only prefill)")
     ap.add_argument("--encoder-replay", action="store_true", help="encoder SWA bounded replay (window KV in request rings)")
+    ap.add_argument("--no-graph", action="store_true", help="eager decode steps (default: one CUDA graph per batch size)")
     a = ap.parse_args(argv)
     model = load_model(a.model, device=a.device, progress=False)
     table = kernel_table(a.device)
     use_kernels(model, table)
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size,
-                 a.device, ops=table, decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay)
+                 a.device, ops=table, decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay,
+                 graphs=not a.no_graph and not a.encoder_replay)
     new, stats = drv.generate(prompts, a.decode, a.chunk)
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
     if a.out:

@@ -122,7 +122,10 @@ class PagedKV:
         if ratio not in self.slot_tables:
             b = self.batch
             visible = torch.div(self.positions + 1, ratio, rounding_mode="floor")
-            n_max = int(visible.max()) if visible.numel() else 0
+            if b.seq_capacity is not None:  # host-known width: no device read (graph-capturable)
+                n_max = b.seq_capacity // ratio
+            else:
+                n_max = int(visible.max()) if visible.numel() else 0
             j = torch.arange(n_max, device=visible.device)
             pos = (j * ratio).clamp(max=b.token_table.size(1) - 1)
             slots = b.token_table[self.req.unsqueeze(-1), pos.unsqueeze(0)] // ratio
@@ -143,6 +146,8 @@ class PagedKV:
             return
         self.written.add(lid)
         comp = attn.compressor
+        if b.static:
+            return self._store_compressed_static(attn, x)
         hit_end = b.prefix_lens + b.replay_lens if b.replay_lens is not None else None
         if r == 1:
             latent = comp(x)
@@ -171,6 +176,37 @@ class PagedKV:
             return
         c_slots = b.out_slots[rows] // r
         cos, sin = attn.rotary.freqs(b.positions[rows] + 1 - r)  # the group's first position
+        self.ops.compressed_kv_store(latent, cos, sin, c_slots, self.pools.compressed[lid])
+        if attn.role.is_index_source:
+            ix = attn.indexer
+            self.ops.index_key_store(ix.k_norm(ix.wk(latent)), cos, sin, c_slots, self.pools.index_keys[lid])
+
+    def _store_compressed_static(self, attn, x: torch.Tensor) -> None:
+        """`store_compressed` with fixed shapes (batch.static): every row pools its group as if it
+        closed one; rows that close none get c-slot -1 (the stores skip them), and the pending pair
+        state is rewritten in place through a `where` (no boolean indexing, no host read). The
+        stored rows' values are the eager path's: every op here is row-wise."""
+        r, lid, b = attn.role.compress_ratio, attn.role.layer_id, self.batch
+        comp = attn.compressor
+        c_slots = torch.div(b.out_slots, r, rounding_mode="floor")
+        if r == 1:
+            latent = comp(x)
+        else:
+            kv, score = comp.project(x)
+            rows = torch.arange(b.num_rows, device=x.device)
+            closes = b.positions % 2 == 1
+            from_pending = b.positions - 1 < b.prefix_lens[b.req_index]
+            pend = self.pools.pending[lid][b.req_slots[b.req_index]]  # [N, 2, D]
+            prev = (rows - 1).clamp_min(0)
+            kv_even = torch.where(from_pending.unsqueeze(-1), pend[:, 0], kv[prev])
+            sc_even = torch.where(from_pending.unsqueeze(-1), pend[:, 1], score[prev])
+            latent = comp.pool(torch.stack([kv_even, kv], 1).flatten(0, 1), torch.stack([sc_even, score], 1).flatten(0, 1))
+            last = torch.cumsum(b.extend_lens, 0) - 1
+            parks = (b.positions[last] % 2 == 0).view(-1, 1, 1)
+            pending, slots = self.pools.pending[lid], b.req_slots
+            pending[slots] = torch.where(parks, torch.stack([kv[last], score[last]], 1), pending[slots])
+            c_slots = torch.where(closes, c_slots, -1)
+        cos, sin = attn.rotary.freqs((b.positions + 1 - r).clamp_min(0))  # the group's first position
         self.ops.compressed_kv_store(latent, cos, sin, c_slots, self.pools.compressed[lid])
         if attn.role.is_index_source:
             ix = attn.indexer
