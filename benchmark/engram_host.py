@@ -1,7 +1,8 @@
 """Engram host table vs tables in device memory, side by side in one process (issue 12).
 
-    python benchmark/engram_host.py --preset release --engram-vocab 2500000 --long 8x8192 --short 64x128 \
-        --decode 4 [--layouts shared,per_rank] [--results-dir benchmark/results]
+    python benchmark/engram_host.py --preset release --engram-vocab 1000000 --long 8x1024 --short 64x64 \
+        --decode 3 --greedy-preset small --greedy 64x64 [--layouts shared,per_rank] [--budget-s 150] \
+        [--results-dir benchmark/results]
 
 The model is the preset with its Engram tables scaled: `--engram-vocab V` gives each table
 (N-1) * heads prime-sized segments just above V (the released rule, spec model 5.2.3), so about
@@ -10,17 +11,26 @@ table rows are random normal rows quantized like the checkpoint's, generated on 
 tile. "off" keeps the tables as model parameters on the device; "shared" / "per_rank" copy the same
 bytes into an `EngramHostTables` (engram_host/), swap the modules and attach the prefetch.
 
-Checks and timings, in order:
-  1. host gather == device gather, bit for bit, for 8192 tokens x 24 rows per Engram layer (row ids
-     from the model's hasher on random tokens), and the host gather's time and GB/s of row bytes
-     (264 B per row) for a few launch configurations; the device gather for comparison
+Checks and timings, in order (each part is skipped once --budget-s has passed; the report is
+rewritten after every part):
+  1. gather alone, 8192 tokens x 24 rows per Engram layer (row ids from the model's hasher on
+     random tokens): every kernel variant's rows == the torch twin's, bit for bit; time (CUDA
+     events, median, L2 flushed between calls) and GB/s of row bytes (264 B per row). Variants:
+     the HBM table; the pinned host table with byte-wide loads (the kernel before 16-byte loads),
+     with 16-byte loads (default and a sweep of rows per program x warps), SGLang 0.5.23's own
+     gather with sorted ids (its module file, if .whl/sglang_0_5_23_engram_gather.py exists); the
+     copy engine moving the same number of contiguous bytes host -> device (PCIe ceiling)
   2. CUDA graph: hash + every Engram layer (prefetch on a side stream into the staging buffers)
      captured for a decode batch, replayed on new tokens == eager, bit for bit
-  3. end to end on the standalone driver, per placement: prefill of --long prompts (tok/s), decode
-     steps at batch len(long) and at batch len(short) (s/step), greedy tokens vs "off"
-  4. KV capacity: device memory free with the tables on the device vs after freeing them, in KV
+  3. end to end on the standalone driver, per placement: prefill of the --long prompts (tok/s),
+     decode steps at batch len(long) and at batch len(short) (s/step), greedy tokens vs "off"
+  4. greedy tokens on a second model (--greedy-preset, its own Engram tables, every placement):
+     --greedy PxN = P prompts of N tokens, N new tokens each, tokens == "off"; where the driver
+     has CUDA-graph decode (`Driver(graphs=True)`), the host-table placements again with graphs,
+     tokens == eager
+  5. KV capacity: device memory free with the tables on the device vs after freeing them, in KV
      tokens (runtime.KVPools bytes per token slot), vs table bytes / bytes per token
-Prints one markdown report and writes it to <results-dir>/<date>-<device>-engram-host.md.
+Prints one markdown report and writes it to <results-dir>/<date>-<device>-engram-host-run.md.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import shlex
 import sys
 import tempfile
@@ -139,34 +150,89 @@ class Placement:
         self.prefetch = EngramPrefetch(hosts, self.staging, self.dev).attach(self.model)
 
 
-def gather_check(model, tables_by_layout, dev, lines, n_tokens=8192):
+def bench_s(fn, dev) -> float:
+    """Median seconds of fn(): CUDA events with the L2 flushed before each call (triton do_bench) on CUDA."""
+    if dev.type != "cuda":
+        return timed(fn, dev)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=20, rep=100, return_mode="median") / 1e3
+
+
+def load_sglang_gather():
+    """SGLang 0.5.23's own gather module file (read, not imported from an SGLang install), if present."""
+    import importlib.util
+
+    path = ROOT / ".whl" / "sglang_0_5_23_engram_gather.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("sglang_0_5_23_engram_gather", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gather_check(model, tables_by_layout, dev, lines, configs, n_tokens=8192):
+    from dsv41_kernels.engram_triton import HOST_GATHER_CONFIG, gather_sorted
+
     e = model.cfg.engram
     ids_tok = torch.randint(3, model.cfg.vocab_size - 1, (n_tokens,), generator=torch.Generator().manual_seed(5)).to(dev)
     rows = model.hasher.hash_sequence(ids_tok)  # [T, L, cols]
-    lines += ["| table | layer | rows | config (block_r, warps) | bitwise == device gather | ms | GB/s of row bytes |",
+    sg = load_sglang_gather() if dev.type == "cuda" else None
+    lines += ["| table | layer | kernel | rows per program, warps | bitwise == torch twin | ms | GB/s of row bytes |",
               "|---|---|---|---|---|---|---|"]
+    best: dict[str, float] = {}
     for k, lid in enumerate(e.layer_ids):
         emb = model.layers[lid].engram.embed
         r = rows[:, k].contiguous()
-        nbytes = r.numel() * (e.head_dim + e.head_dim // 32)
-        want = ops.engram_gather(emb.weight, emb.scale, r)
-        t = timed(lambda: ops.engram_gather(emb.weight, emb.scale, r), dev)
-        lines.append(f"| device (HBM) | {lid} | {r.numel()} | default | reference | {t * 1e3:.3f} | {nbytes / t / 1e9:.1f} |")
+        flat, n, hd = r.view(-1), r.numel(), e.head_dim
+        nbytes = n * (hd + hd // 32)
+        want = ops.engram_gather.torch(emb.weight, emb.scale, r).view(n, hd)
+
+        def row(table, kernel, cfg, same, t):
+            lines.append(f"| {table} | {lid} | {kernel} | {cfg} | {same} | {t * 1e3:.3f} | {nbytes / t / 1e9:.1f} |")
+
+        def eq(got):
+            return torch.equal(got.reshape(n, hd).view(torch.int16), want.view(torch.int16))
+
+        got = ops.engram_gather(emb.weight, emb.scale, r)
+        row("device (HBM)", "ours", "default", eq(got), bench_s(lambda: ops.engram_gather(emb.weight, emb.scale, r), dev))
         for layout, tables in tables_by_layout.items():
             w, s = tables.weight(k), tables.scale(k)
-            if dev.type == "cuda":
-                configs = [(0, 0), (1, 1), (2, 4), (4, 4), (8, 8)]
-                impl = ops.engram_gather.triton
-            else:
-                configs, impl = [None], ops.engram_gather
-            for cfg in configs:
-                call = (lambda: impl(w, s, r)) if cfg is None else (lambda c=cfg: impl(w, s, r, block_r=c[0], num_warps=c[1]))
-                got = call()
-                same = torch.equal(got.view(torch.int16), want.view(torch.int16))
-                t = timed(call, dev)
-                label = "default" if cfg in (None, (0, 0)) else str(cfg)
-                lines.append(f"| host {layout} | {lid} | {r.numel()} | {label} | {same} | {t * 1e3:.3f} | {nbytes / t / 1e9:.1f} |")
-    return rows
+            if dev.type != "cuda":
+                row(f"host {layout}", "torch twin (CPU)", "-", eq(ops.engram_gather(w, s, r)),
+                    bench_s(lambda: ops.engram_gather(w, s, r), dev))
+                continue
+            w8, s8 = w.view(torch.uint8), s.view(torch.uint8)
+            got = ops.engram_gather(w, s, r)  # the model's call: the op table's kernel, default config
+            t = bench_s(lambda: ops.engram_gather(w, s, r), dev)
+            row(f"host {layout}", "ours, 16-byte loads (default)", str(HOST_GATHER_CONFIG), eq(got), t)
+            best[layout] = max(best.get(layout, 0.0), nbytes / t / 1e9)
+            variants = [("before: byte-wide loads", (2, 2), False)]
+            if k == 0:
+                variants += [("ours, 16-byte loads", c, None) for c in configs if c != HOST_GATHER_CONFIG]
+            for label, (br, nw), wide in variants:
+                out = torch.full((n, hd), float("nan"), dtype=torch.bfloat16, device=dev)
+                gather_sorted(w8, s8, flat, out, br, nw, wide)
+                same = eq(out)
+                t = bench_s(lambda: gather_sorted(w8, s8, flat, out, br, nw, wide), dev)
+                row(f"host {layout}", label, str((br, nw)), same, t)
+            if sg is not None:
+                out = torch.full((n, hd), float("nan"), dtype=torch.bfloat16, device=dev)
+                sg.engram_gather(w.data_ptr(), s.data_ptr(), flat, out, hd, 32, sort_ids=True)
+                same = eq(out)
+                t = bench_s(lambda: sg.engram_gather(w.data_ptr(), s.data_ptr(), flat, out, hd, 32, sort_ids=True), dev)
+                row(f"host {layout}", "SGLang 0.5.23, sorted ids", "(1, 4)", same, t)
+            if k == 0:  # PCIe ceiling: the copy engine moving the same bytes, contiguous, host -> device
+                src = tables.region.tensor[:nbytes]
+                dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+                t = bench_s(lambda: dst.copy_(src, non_blocking=True), dev)
+                row(f"host {layout}", "copy engine, contiguous bytes (ceiling)", "-", "-", t)
+                out = torch.empty(n, hd, dtype=torch.bfloat16, device=dev)
+                seq = torch.arange(n, device=dev)
+                t = bench_s(lambda: gather_sorted(w8, s8, seq, out), dev)
+                row(f"host {layout}", "ours, rows 0..n-1 (consecutive rows)", str(HOST_GATHER_CONFIG), "-", t)
+    return best
 
 
 def graph_check(model, dev, lines, batch=64):
@@ -206,6 +272,12 @@ def graph_check(model, dev, lines, batch=64):
                  f"bit for bit on 3 new token sets: {results}")
 
 
+def driver_has_graphs() -> bool:
+    import inspect
+
+    return "graphs" in inspect.signature(Driver.__init__).parameters
+
+
 def e2e(drv_args, model, long_p, short_p, decode, chunk):
     drv = Driver(model, *drv_args)
     new_l, st_l = drv.generate(long_p, decode, chunk)
@@ -216,49 +288,92 @@ def e2e(drv_args, model, long_p, short_p, decode, chunk):
             "tokens": new_l + new_s}
 
 
+def placements(model, table, staging, dev, layouts, lines):
+    """A Placement of `model` and its host tables per layout (filled from the device tables)."""
+    place = Placement(model, table, staging, dev)
+    place.off()
+    tables = {}
+    for layout in layouts:
+        t1 = time.perf_counter()
+        tables[layout] = host_tables(model, layout, dev)
+        cov = tables[layout].coverage
+        lines.append(f"- host table `{layout}`: {tables[layout].mapped_bytes} B mapped, filled + pinned in "
+                     f"{time.perf_counter() - t1:.1f} s, huge pages {cov.huge_bytes} B ({100 * cov.fraction:.1f}%)")
+    return place, tables
+
+
+def greedy_check(a, dev, table, lines):
+    """--greedy PxN on the --greedy-preset model: every placement's tokens == off (and, where the driver
+    has CUDA-graph decode, graph-captured decode == eager for every placement)."""
+    gp, gn = (int(x) for x in a.greedy.split("x"))
+    model = build(a.greedy_preset, PRESETS[a.greedy_preset].engram_vocab, Path(tempfile.mkdtemp()), dev)
+    e = model.cfg.engram
+    tb = sum(r * (e.head_dim + e.head_dim // 32) for r in e.num_embeddings)
+    lines.append(f"Model: preset `{a.greedy_preset}` ({model.cfg.num_layers} layers, hidden {model.cfg.hidden_size}), "
+                 f"Engram rows {list(e.num_embeddings)} ({tb} B); {gp} prompts of {gn} random tokens, {gn} greedy tokens each.")
+    place, tables = placements(model, table, max(a.chunk, gp), dev, a.layouts.split(","), lines)
+    prompts = random_prompts(model.cfg.vocab_size - 1, gp, gn, 3)
+    page = 64
+    args = (gp * (2 * gn + page), gp, page, dev, False, table)
+    graphs = [False, True] if (driver_has_graphs() and dev.type == "cuda") else [False]
+    lines += ["", "| placement | decode | s/step | new tokens == off (eager) |", "|---|---|---|---|"]
+    base = None
+    for label in ["off", *tables]:
+        place.off() if label == "off" else place.on(tables[label])
+        for g in graphs:
+            drv = Driver(model, *args, **({"graphs": True} if g else {}))
+            new, st = drv.generate(prompts, gn, a.chunk)
+            del drv
+            if base is None:
+                base = new
+            same = new == base
+            diff = sum(x != y for p, q in zip(new, base) for x, y in zip(p, q))
+            lines.append(f"| {label} | {'CUDA graph' if g else 'eager'} | {st['decode_s'] / max(gn - 1, 1):.4f} | "
+                         f"{same}{'' if same else f' ({diff} of {gp * gn} differ)'} |")
+    place.off()
+    if not driver_has_graphs():
+        lines.append("\nGraph-captured decode: not measured (the driver has no CUDA-graph decode in this tree).")
+    del model, place, tables
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="release" if "release" in PRESETS else "bench")
-    ap.add_argument("--engram-vocab", type=int, default=2_500_000)
-    ap.add_argument("--long", default="8x8192")
-    ap.add_argument("--short", default="64x128")
-    ap.add_argument("--decode", type=int, default=4)
+    ap.add_argument("--engram-vocab", type=int, default=1_000_000)
+    ap.add_argument("--long", default="8x1024", help="PxL: P prompts of L tokens: prefill tok/s, decode at batch P")
+    ap.add_argument("--short", default="64x64", help="PxL: decode at batch P")
+    ap.add_argument("--decode", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--layouts", default="shared,per_rank")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: gather,graph,e2e")
+    ap.add_argument("--greedy-preset", default="small")
+    ap.add_argument("--greedy", default="64x64", help="PxN: P prompts of N tokens, N greedy tokens each")
+    ap.add_argument("--gather-configs", default="4x2,8x4,16x8,32x8,64x8", help="host gather sweep: rows x warps")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: gather,graph,e2e,greedy")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
-    ap.add_argument("--budget-s", type=float, default=1e9, help="start no further end-to-end placement after this")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no further part after this many seconds")
     a = ap.parse_args()
     dev = torch.device(a.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     skip = set(filter(None, a.skip.split(",")))
     lines: list[str] = []
     t0 = time.perf_counter()
+    over = lambda: time.perf_counter() - t0 > a.budget_s  # noqa: E731
     model = build(a.preset, a.engram_vocab, Path(tempfile.mkdtemp()), dev)
     e = model.cfg.engram
     table_bytes = sum(r * (e.head_dim + e.head_dim // 32) for r in e.num_embeddings)
+    thp = {f: Path(f"/sys/kernel/mm/transparent_hugepage/{f}").read_text().strip()
+           for f in ("enabled", "shmem_enabled") if Path(f"/sys/kernel/mm/transparent_hugepage/{f}").exists()}
     lines.append(f"Model: preset `{a.preset}` ({model.cfg.num_layers} layers, hidden {model.cfg.hidden_size}), Engram layers "
                  f"{list(e.layer_ids)}, engram_vocab_size {a.engram_vocab}: rows {list(e.num_embeddings)}, "
                  f"{table_bytes} B = {table_bytes / 2**30:.2f} GiB of rows + scales (the release: 188.83 GiB). "
-                 f"Built in {time.perf_counter() - t0:.0f} s.")
+                 f"Built in {time.perf_counter() - t0:.0f} s. Transparent huge pages: {thp or 'not available'}.")
     table = kernel_table(dev)
     (nl, ll), (ns, ls) = (tuple(int(x) for x in s.split("x")) for s in (a.long, a.short))
-    place = Placement(model, table, max(a.chunk, ns, nl), dev)
-    place.off()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-        free_off = torch.cuda.mem_get_info(dev)[0]
-    tables = {}
-    for layout in a.layouts.split(","):
-        t1 = time.perf_counter()
-        tables[layout] = host_tables(model, layout, dev)
-        cov = tables[layout].coverage
-        lines.append(f"- host table `{layout}`: {tables[layout].mapped_bytes} B mapped, filled + pinned in "
-                     f"{time.perf_counter() - t1:.1f} s, huge pages {cov.huge_bytes} B ({100 * cov.fraction:.1f}%)")
+    place, tables = placements(model, table, max(a.chunk, ns, nl), dev, a.layouts.split(","), lines)
     sections = []
     day = datetime.date.today().isoformat()
-    out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev.type}-engram-host.md"
+    out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev.type}-engram-host-run.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = "python " + " ".join(shlex.quote(x) for x in sys.argv)
     head = [f"# Engram host table vs device tables ({day})", "",
@@ -270,28 +385,37 @@ def main() -> None:
         out.write_text(text)
         return text
 
-    if "gather" not in skip:
+    def part(key, title, fn):
+        if key in skip:
+            return None
+        if over():
+            sections.append((f"{title}: not run (past --budget-s {a.budget_s:.0f})", []))
+            return None
+        body: list[str] = []
+        t1 = time.perf_counter()
         try:
-            gl: list[str] = []
-            gather_check(model, tables, dev, gl)
-            sections.append(("Gather alone: 8192 tokens x 24 rows per Engram layer (row ids from the hasher)", gl))
+            res = fn(body)
+            sections.append((f"{title} ({time.perf_counter() - t1:.0f} s)", body))
         except Exception:
-            sections.append(("Gather alone: FAILED", ["```", traceback.format_exc(), "```"]))
+            res = None
+            sections.append((f"{title}: FAILED", body + ["```", traceback.format_exc(), "```"]))
         print(flush(), flush=True)
-    if "graph" not in skip and dev.type == "cuda":
-        gl = []
-        for layout in tables:
-            try:
+        return res
+
+    configs = [tuple(int(x) for x in c.split("x")) for c in a.gather_configs.split(",") if c]
+    part("gather", "Gather alone: 8192 tokens x 24 rows per Engram layer (row ids from the hasher)",
+         lambda body: gather_check(model, tables, dev, body, configs))
+    if dev.type == "cuda":
+        def graphs(body):
+            for layout in tables:
                 place.on(tables[layout])
-                gl.append(f"layout `{layout}`:")
-                graph_check(model, dev, gl)
-            except Exception:
-                gl += ["```", traceback.format_exc(), "```"]
-        place.off()
-        sections.append(("CUDA graph with the host table", gl))
-        print(flush(), flush=True)
-    rows = {}
-    if "e2e" not in skip:
+                body.append(f"layout `{layout}`:")
+                graph_check(model, dev, body)
+            place.off()
+        part("graph", "CUDA graph with the host table", graphs)
+
+    def end_to_end(body):
+        rows = {}
         long_p = random_prompts(model.cfg.vocab_size - 1, nl, ll, 0)
         short_p = random_prompts(model.cfg.vocab_size - 1, ns, ls, 1)
         page = 256
@@ -299,32 +423,33 @@ def main() -> None:
                     False, table)
         warm = random_prompts(model.cfg.vocab_size - 1, 2, 300, 2)
         for label in ["off", *tables]:
-            if time.perf_counter() - t0 > a.budget_s:
-                sections.append((f"end to end `{label}`: not run (past --budget-s {a.budget_s:.0f})", []))
+            if over():
+                body.append(f"- `{label}`: not run (past --budget-s {a.budget_s:.0f})")
                 continue
-            try:
-                place.off() if label == "off" else place.on(tables[label])
-                Driver(model, *drv_args).generate(warm, 2, a.chunk)  # JIT of this placement's kernels
-                rows[label] = e2e(drv_args, model, long_p, short_p, a.decode, a.chunk)
-                print(label, {k: v for k, v in rows[label].items() if k != "tokens"}, f"{time.perf_counter() - t0:.0f}s", flush=True)
-            except Exception:
-                sections.append((f"end to end `{label}`: FAILED", ["```", traceback.format_exc(), "```"]))
+            place.off() if label == "off" else place.on(tables[label])
+            Driver(model, *drv_args).generate(warm, 2, a.chunk)  # JIT of this placement's kernels
+            rows[label] = e2e(drv_args, model, long_p, short_p, a.decode, a.chunk)
+            print(label, {k: v for k, v in rows[label].items() if k != "tokens"}, f"{time.perf_counter() - t0:.0f}s", flush=True)
         place.off()
-        el = [f"Prompts: {nl} x {ll} (prefill, then decode at batch {nl}) and {ns} x {ls} (decode at batch {ns}); "
-              f"{a.decode} greedy tokens each ({a.decode - 1} decode steps timed); chunk {a.chunk}.", "",
-              f"| placement | prefill tok/s | vs off | decode s/step batch {nl} | vs off | decode s/step batch {ns} | vs off | "
-              "greedy tokens == off |", "|---|---|---|---|---|---|---|---|"]
+        body += [f"Prompts: {nl} x {ll} (prefill, then decode at batch {nl}) and {ns} x {ls} (decode at batch {ns}); "
+                 f"{a.decode} greedy tokens each ({a.decode - 1} decode steps timed); chunk {a.chunk}; eager decode.", "",
+                 f"| placement | prefill tok/s | vs off | decode s/step batch {nl} | vs off | decode s/step batch {ns} | vs off | "
+                 "greedy tokens == off |", "|---|---|---|---|---|---|---|---|"]
         base = rows.get("off")
         for label, r in rows.items():
             rel = (lambda key, inv=False: f"{(base[key] / r[key]) if inv else (r[key] / base[key]):.3f}x") if base else (lambda *_: "-")
-            el.append(f"| {label} | {r['prefill_tok_s']:.0f} | {rel('prefill_tok_s')} | {r['decode_long_s']:.3f} | "
-                      f"{rel('decode_long_s', True)} | {r['decode_short_s']:.3f} | {rel('decode_short_s', True)} | "
-                      f"{(r['tokens'] == base['tokens']) if base else '-'} |")
-        sections.append(("End to end on the driver (decode speed: off time / on time, >= 1 is faster)", el))
-    if dev.type == "cuda":
+            body.append(f"| {label} | {r['prefill_tok_s']:.0f} | {rel('prefill_tok_s')} | {r['decode_long_s']:.3f} | "
+                        f"{rel('decode_long_s', True)} | {r['decode_short_s']:.3f} | {rel('decode_short_s', True)} | "
+                        f"{(r['tokens'] == base['tokens']) if base else '-'} |")
+    part("e2e", f"End to end on the driver, preset `{a.preset}` (speed: off time / on time, >= 1 is faster)", end_to_end)
+    if dev.type == "cuda":  # both readings here, after every kernel was loaded: they differ by the tables only
+        gc.collect()
+        torch.cuda.empty_cache()
+        free_off = torch.cuda.mem_get_info(dev)[0]
         for lid in e.layer_ids:  # free the device tables: what the host table gives to the KV cache
             place.device_tables[lid].weight = None
             place.device_tables[lid].scale = None
+        gc.collect()
         torch.cuda.empty_cache()
         free_on = torch.cuda.mem_get_info(dev)[0]
         bpt = KVPools.bytes_per_token(model.cfg)["total"]
@@ -334,6 +459,9 @@ def main() -> None:
             f"| on the device | {free_off} | {int(free_off // bpt)} |", f"| in host memory | {free_on} | {int(free_on // bpt)} |",
             "", f"Gain {int(gain)} tokens (+{100 * (free_on - free_off) / max(free_off, 1):.1f}% free memory); "
             f"table bytes / bytes per token = {int(want)}; gain / expected = {gain / want:.4f}."]))
+        print(flush(), flush=True)
+    del model, place, tables
+    part("greedy", f"Greedy tokens on vs off, preset `{a.greedy_preset}`", lambda body: greedy_check(a, dev, table, body))
     print(flush(), flush=True)
 
 
