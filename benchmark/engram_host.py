@@ -22,12 +22,13 @@ rewritten after every part):
      copy engine moving the same number of contiguous bytes host -> device (PCIe ceiling)
   2. CUDA graph: hash + every Engram layer (prefetch on a side stream into the staging buffers)
      captured for a decode batch, replayed on new tokens == eager, bit for bit
-  3. end to end on the standalone driver, per placement: prefill of the --long prompts (tok/s),
-     decode steps at batch len(long) and at batch len(short) (s/step), greedy tokens vs "off"
-  4. greedy tokens on a second model (--greedy-preset, its own Engram tables, every placement):
+  3. greedy tokens on a second model (--greedy-preset, its own Engram tables, every placement):
      --greedy PxN = P prompts of N tokens, N new tokens each, tokens == "off"; where the driver
-     has CUDA-graph decode (`Driver(graphs=True)`), the host-table placements again with graphs,
-     tokens == eager
+     has CUDA-graph decode (`Driver(graphs=True)`), every placement again with graphs, tokens ==
+     eager "off"
+  4. end to end on the standalone driver, per placement ("off" and the first layout together;
+     later layouts only within --budget-s): prefill of the --long prompts (tok/s), eager decode
+     steps at batch len(long) and at batch len(short) (s/step), greedy tokens vs "off"
   5. KV capacity: device memory free with the tables on the device vs after freeing them, in KV
      tokens (runtime.KVPools bytes per token slot), vs table bytes / bytes per token
 Prints one markdown report and writes it to <results-dir>/<date>-<device>-engram-host-run.md.
@@ -316,20 +317,22 @@ def greedy_check(a, dev, table, lines):
     page = 64
     args = (gp * (2 * gn + page), gp, page, dev, False, table)
     graphs = [False, True] if (driver_has_graphs() and dev.type == "cuda") else [False]
-    lines += ["", "| placement | decode | s/step | new tokens == off (eager) |", "|---|---|---|---|"]
-    base = None
+    lines += ["", "| placement | decode | s/step | new tokens == off, same decode | == off, eager |", "|---|---|---|---|---|"]
+    base: dict[bool, list] = {}
+
+    def agree(new, ref):
+        diff = sum(x != y for p, q in zip(new, ref) for x, y in zip(p, q))
+        return f"{diff == 0}" + ("" if diff == 0 else f" ({diff} of {gp * gn} differ)")
+
     for label in ["off", *tables]:
         place.off() if label == "off" else place.on(tables[label])
         for g in graphs:
             drv = Driver(model, *args, **({"graphs": True} if g else {}))
             new, st = drv.generate(prompts, gn, a.chunk)
             del drv
-            if base is None:
-                base = new
-            same = new == base
-            diff = sum(x != y for p, q in zip(new, base) for x, y in zip(p, q))
+            base.setdefault(g, new)
             lines.append(f"| {label} | {'CUDA graph' if g else 'eager'} | {st['decode_s'] / max(gn - 1, 1):.4f} | "
-                         f"{same}{'' if same else f' ({diff} of {gp * gn} differ)'} |")
+                         f"{agree(new, base[g])} | {agree(new, base[False])} |")
     place.off()
     if not driver_has_graphs():
         lines.append("\nGraph-captured decode: not measured (the driver has no CUDA-graph decode in this tree).")
@@ -414,6 +417,8 @@ def main() -> None:
             place.off()
         part("graph", "CUDA graph with the host table", graphs)
 
+    part("greedy", f"Greedy tokens on vs off, preset `{a.greedy_preset}`", lambda body: greedy_check(a, dev, table, body))
+
     def end_to_end(body):
         rows = {}
         long_p = random_prompts(model.cfg.vocab_size - 1, nl, ll, 0)
@@ -422,8 +427,8 @@ def main() -> None:
         drv_args = (max(nl * (ll + a.decode + page), ns * (ls + a.decode + page), 2 * (300 + 2 + page)), max(nl, ns, 2), page, dev,
                     False, table)
         warm = random_prompts(model.cfg.vocab_size - 1, 2, 300, 2)
-        for label in ["off", *tables]:
-            if over():
+        for n_run, label in enumerate(["off", *tables]):
+            if n_run > 1 and over():  # "off" and the first layout always run together
                 body.append(f"- `{label}`: not run (past --budget-s {a.budget_s:.0f})")
                 continue
             place.off() if label == "off" else place.on(tables[label])
@@ -461,7 +466,6 @@ def main() -> None:
             f"table bytes / bytes per token = {int(want)}; gain / expected = {gain / want:.4f}."]))
         print(flush(), flush=True)
     del model, place, tables
-    part("greedy", f"Greedy tokens on vs off, preset `{a.greedy_preset}`", lambda body: greedy_check(a, dev, table, body))
     print(flush(), flush=True)
 
 
