@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -51,11 +52,18 @@ def _shard_files(path: Path) -> list[Path]:
     return files
 
 
-def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.device = "cpu", progress: bool = True) -> dict[str, torch.Tensor]:
-    """Load and validate every tensor of the checkpoint directory. Returns {name: tensor}."""
+def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.device = "cpu", progress: bool = True,
+                 select: Callable[[str], tuple[str, tuple[slice, ...] | None] | None] | None = None) -> dict[str, torch.Tensor]:
+    """Load and validate every tensor of the checkpoint directory. Returns {name: tensor}.
+
+    `select(name)` (a sharded load, parallel/load.py) -> None: this process holds none of the tensor
+    (it is not read); or (key, index): read only `index` (a tuple of slices, None = all of it; the
+    safetensors slice read touches only those bytes) and return it under `key`. Shapes and dtypes
+    are checked against the whole tensor's schema first, as without `select`."""
     path = Path(path)
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
+    seen: dict[str, None] = {}
     files = _shard_files(path)
     bar = tqdm(total=len(schema), desc="loading DeepSeek-V4.1 checkpoint", unit="tensor", disable=not progress)
     for file in files:
@@ -66,10 +74,15 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
                     continue
                 sl = f.get_slice(name)  # header only: fail before reading a wrong tensor
                 _check(spec, sl.get_dtype(), tuple(sl.get_shape()), file.name)
-                out[name] = _as_stored(f.get_tensor(name), spec).to(device)
+                seen[name] = None
                 bar.update(1)
+                key, index = (name, None) if select is None else (select(name) or (None, None))
+                if key is None:
+                    continue
+                t = f.get_tensor(name) if index is None else sl[index]
+                out[key] = _as_stored(t, spec).to(device)
     bar.close()
-    _check_complete(schema, out, "")
+    _check_complete(schema, seen, "")  # type: ignore[arg-type]
     return out
 
 

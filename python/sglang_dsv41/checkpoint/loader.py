@@ -13,15 +13,20 @@ from sglang_dsv41.embedded import resolve_model_path
 from sglang_dsv41.layers.transformer import DeepseekV41
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", progress: bool = True) -> DeepseekV41:
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", progress: bool = True, sharding=None) -> DeepseekV41:
     """`path` is a checkpoint directory or an embedded alias (`deepseek-v4.1-tiny`).
     Parameters are allocated on the meta device and replaced by the validated checkpoint tensors,
-    so nothing is materialised twice. The Engram token map is built from the directory's tokenizer."""
+    so nothing is materialised twice. The Engram token map is built from the directory's tokenizer.
+    `sharding` (parallel/load.py `Sharding`): `apply(model)` transforms the meta model into one
+    rank's part, `select(name)` says which slice of each tensor that rank reads (read_tensors)."""
     path = resolve_model_path(path)
     cfg = ModelConfig.from_pretrained(path)
     with torch.device("meta"):
         model = DeepseekV41(cfg)
-    tensors = read_tensors(path, cfg, device=device, progress=progress)
+    if sharding is not None:
+        sharding.apply(model)
+    select = sharding.select if sharding is not None else None
+    tensors = read_tensors(path, cfg, device=device, progress=progress, select=select)
     model.load_state_dict(tensors, strict=True, assign=True)
     for p in model.parameters():
         p.requires_grad_(False)
