@@ -146,7 +146,7 @@ def sweep(a, model, table, dev, ceil) -> None:
             static.step(*args)
         sync(dev)
         static_ms = (time.perf_counter() - t0) / a.eager_steps * 1e3
-        loop_ms(drv, seqs, ctx, 1, tlist, None)  # eager warm-up
+        loop_ms(drv, seqs, ctx, a.eager_warmup, tlist, None)  # eager warm-up (Triton specialises on n % 16)
         e_ms = loop_ms(drv, seqs, ctx, a.eager_steps, tlist, None)
         gb = f"{floor:.3f} ({b['weights'] / 1e9:.2f} + {b['kv'] / 1e9:.2f})"
         for path, ms in (("graph, driver loop", g_ms), ("graph replay only", replay_ms),
@@ -225,6 +225,61 @@ def check(a, model, table, dev) -> None:
     drv.release(seqs)
 
 
+# ---------------------------------------------------------------------------------------- invariance
+def batch_invariance(a, model, table, dev) -> None:
+    """Request 0 (same pages, same tokens, same pool bytes) decoded for 3 steps inside batches of
+    each size, deterministic mode off and on, with graphs and eagerly: its logits compared bitwise."""
+    import os
+
+    from sglang_dsv41.determinism import DETERMINISTIC_ENV
+
+    sizes = [int(x) for x in a.batch_invariance.split(",")]
+    ctx, steps, P, nmax = a.invariance_context, 3, a.page_size, max(sizes)
+    drv = Driver(model, nmax * (ctx + 3 * P), nmax, P, dev, ops=table)
+    with torch.inference_mode():
+        torch.manual_seed(a.seed)
+        for pool in [*drv.pools.window, *drv.pools.compressed.values(), *drv.pools.index_keys.values()]:
+            pool.random_(0, 0x70)
+    g = torch.Generator().manual_seed(a.seed)
+    toks = torch.randint(3, model.cfg.vocab_size, (nmax, ctx + steps + 1), generator=g).tolist()
+    pages = [[drv.alloc.alloc() for _ in range(-(-(ctx + steps + P) // P))] for _ in range(nmax)]
+    results = {}
+    prev = os.environ.get(DETERMINISTIC_ENV)
+    try:
+        for det in ("0", "1"):
+            os.environ[DETERMINISTIC_ENV] = det
+            for path in ("graph", "eager"):
+                graphs = {} if path == "graph" else None
+                for B in sizes:
+                    seqs = [Sequence(i, toks[i][:ctx], ctx, list(pages[i]), cached=ctx) for i in range(B)]
+                    for s in seqs:
+                        drv.pools.clear_request(s.req_slot)
+                    drv.graphs = graphs
+                    trace: list = []
+                    drv.run(seqs, steps + 1, teacher=[t[ctx:] for t in toks], trace=trace, release=False)
+                    results[det, path, B] = torch.stack([t.logits[0] for t in trace])
+    finally:
+        if prev is None:
+            os.environ.pop(DETERMINISTIC_ENV, None)
+        else:
+            os.environ[DETERMINISTIC_ENV] = prev
+
+    def cmp(x, y) -> str:
+        return "equal" if torch.equal(x, y) else f"differ (max abs {float((x - y).abs().max()):.3g})"
+
+    say(f"\n### Batch invariance: request 0 at {ctx} cached tokens, {steps} decode steps, inside batches of "
+        f"{', '.join(map(str, sizes))} (logits bitwise)\n")
+    say("| SGLANG_DSV41_DETERMINISTIC | path | " + " | ".join(f"batch {B} vs {sizes[0]}" for B in sizes[1:])
+        + " | " + " | ".join(f"graph vs eager, batch {B}" for B in sizes) + " |")
+    say("|---|---|" + "---|" * (2 * len(sizes) - 1))
+    for det in ("0", "1"):
+        for path in ("graph", "eager"):
+            cells = [cmp(results[det, path, B], results[det, path, sizes[0]]) for B in sizes[1:]]
+            cells += [cmp(results[det, "graph", B], results[det, "eager", B]) if path == "graph" else "" for B in sizes]
+            say(f"| {det} | {path} | " + " | ".join(cells) + " |")
+    drv.graphs = None
+
+
 # ---------------------------------------------------------------------------------------- e2e
 def e2e(a, model, table, calls, dev, ceil, name) -> None:
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
@@ -276,6 +331,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--eager-steps", type=int, default=3)
+    ap.add_argument("--eager-warmup", type=int, default=16, help="untimed eager steps first (new widths compile)")
+    ap.add_argument("--batch-invariance", help="comma-separated batch sizes: request 0's decode logits in each, "
+                    "deterministic mode off and on, graph and eager")
+    ap.add_argument("--invariance-context", type=int, default=1024)
     ap.add_argument("--check", action="store_true", help="CUDA: host syncs per step, graph vs eager bitwise")
     ap.add_argument("--check-batch", type=int, default=8)
     ap.add_argument("--check-len", type=int, default=1000)
@@ -304,10 +363,12 @@ def main() -> None:
     if ceil:
         say(f"Ceilings measured in this run: HBM copy {ceil['hbm_tb_s']:.2f} TB/s (read + write), "
             f"bf16 matmul {ceil['mma_tflops']:.0f} TFLOP/s.")
-    extra = a.sweep or a.check or a.profile
+    extra = a.sweep or a.check or a.profile or a.batch_invariance
     try:
         if a.check:
             check(a, model, table, dev)
+        if a.batch_invariance:
+            batch_invariance(a, model, table, dev)
         if a.sweep:
             sweep(a, model, table, dev, ceil)
         if not a.skip_e2e:

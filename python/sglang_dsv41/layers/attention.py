@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sglang_dsv41.config import LayerRole, ModelConfig
+from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.indexer import Indexer
@@ -102,7 +103,11 @@ class Attention(nn.Module):
         """o [T, h, D] bf16 -> [T, H] bf16."""
         o = self.rotary.apply(o, freqs, inverse=True)
         wo_a = self.wo_a.dequantized().view(self.o_groups, self.o_lora_rank, -1)
-        y = torch.einsum("tgd,grd->tgr", o.flatten(1).unflatten(-1, (self.o_groups, -1)), wo_a)
+        og = o.flatten(1).unflatten(-1, (self.o_groups, -1))
+        if deterministic():  # batch-invariant: fixed 64-row products (sglang_dsv41/determinism.py)
+            y = row_tiled(lambda t: torch.einsum("tgd,grd->tgr", t, wo_a), og)
+        else:
+            y = torch.einsum("tgd,grd->tgr", og, wo_a)
         return self.wo_b(y.flatten(1))
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
 
 
@@ -97,6 +98,8 @@ class BF16Linear(nn.Module):
         self.weight = _param((out_features, in_features), torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if deterministic():  # batch-invariant: fixed 64-row GEMMs (sglang_dsv41/determinism.py)
+            return row_tiled(lambda t: F.linear(t, self.weight), x.reshape(-1, x.size(-1))).reshape(*x.shape[:-1], -1)
         return F.linear(x, self.weight)
 
     def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:

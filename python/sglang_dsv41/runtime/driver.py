@@ -204,7 +204,9 @@ class Driver:
         cap = -(-need // self.page_size) * self.page_size
         key = (len(seqs), cap)
         if key not in self.graphs:
-            if self._graph_pool is None and str(self.device).startswith("cuda"):
+            if not self.graphs and str(self.device).startswith("cuda"):
+                # graphs of one dict share a memory pool; a fresh dict gets a fresh pool (a handle whose
+                # graphs were all freed must not be captured into again: allocator assert, H200 run)
                 self._graph_pool = torch.cuda.graph_pool_handle()
             ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
             self.graphs[key] = DecodeGraph(self.runtime, len(seqs), cap, ngram, capture=self.graph_capture,

@@ -1,0 +1,41 @@
+"""Deterministic (batch-invariant) mode: SGLANG_DSV41_DETERMINISTIC=1.
+
+With it set, every row's result is independent of the batch it runs in (how many other rows, which
+ones) and of the decode-graph choice: the few GPU paths whose reduction order depends on the row
+count are replaced by fixed-shape ones (docs/numerics.md, "Deterministic mode"):
+  bf16 GEMMs (`BF16Linear`, the `wo_a` grouped product)  run as GEMMs of exactly `ROW_TILE` rows
+      (the last zero-padded), so the library picks the same kernel, hence the same K order, for
+      every row whatever the batch;
+  sparse attention (Triton)  never splits the key list across programs (the split count depends on
+      the row count, and the split partials are combined in a different order).
+Everything else is batch-invariant by construction (row-wise Triton kernels with fixed orders, the
+fp32 64-row-tile GEMMs). Read at every call, like SGLANG_DSV41_TORCH_OPS; a captured decode graph
+keeps the mode it was captured in.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+DETERMINISTIC_ENV = "SGLANG_DSV41_DETERMINISTIC"
+ROW_TILE = 64
+
+
+def deterministic() -> bool:
+    """Whether SGLANG_DSV41_DETERMINISTIC asks for batch-invariant numerics ("1", "true")."""
+    return os.environ.get(DETERMINISTIC_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def row_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
+    """fn applied to x [M, ...] as calls on exactly `tile` rows (the last tile zero-padded), the
+    results concatenated and cut to M rows. fn must be row-wise (row i of fn(t) depends on t[i] only)."""
+    m = x.size(0)
+    pad = -m % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+    if x.size(0) == 0:
+        return fn(x)
+    return torch.cat([fn(t) for t in x.split(tile)])[:m]
