@@ -6,6 +6,11 @@ engram_gather (bitwise): one program per BLOCK_R rows; a row is 256 e4m3 bytes +
 dequantized in fp32 and rounded once to bf16. A pinned host table is read in place over PCIe
 (zero copy: with unified addressing a pinned host pointer is valid on the device); its ids are
 sorted first so that reads walk the table in address order, and rows are written back in place.
+Measured on one H200 (benchmark/results/2026-12-01-h200-engram-host.md, 6.3 GB per table): these
+SM reads of host memory reach ~25 GB/s of row bytes for 8192 x 24 sorted random rows whatever the
+load width (16-byte or byte-wide) and also for SGLang 0.5.23's gather, ~27 GB/s for consecutive
+rows, while the copy engine moves 54.8 GB/s: the limit is the SM read path over PCIe, not the
+kernel's instruction mix.
 engram_gate (tolerance, fp32): one program per (token, stream), two passes over H.
 """
 
@@ -110,9 +115,10 @@ def _engram_gather_kernel(w_ptr, s_ptr, ids_ptr, dst_ptr, out_ptr, n, HD: tl.con
     tl.store(out_ptr + orow[:, None, None] * HD + col, v, mask=m3)
 
 
-HOST_GATHER_CONFIG = (16, 4)
-"""(rows per program, warps) of the pinned-host gather: 16 rows x 256 B over 128 threads, two
-16-byte loads in flight per thread (benchmark/engram_host.py sweeps the alternatives)."""
+HOST_GATHER_CONFIG = (4, 2)
+"""(rows per program, warps) of the pinned-host gather: 4 rows x 256 B over 64 threads, one 16-byte
+load per thread. Measured on the H200 (benchmark/engram_host.py sweep): (4, 2) and (8, 4) 24.8 GB/s,
+(16, 4) 21.7, (16, 8) 23.8, (32, 8) / (64, 8) ~20 (`shared`); `per_rank` alike."""
 DEVICE_GATHER_CONFIG = (8, 4)
 
 
