@@ -93,3 +93,19 @@ def test_graph_rejects_shapes_it_was_not_built_for(tiny_model):
         DecodeGraph(drv.runtime, 2, 128, _hw(tiny_model), capture=True)
     with pytest.raises(ValueError, match="--no-graph"):
         Driver(tiny_model, 512, 2, page_size=64, encoder_replay=True, graphs=True)
+
+
+def test_pools_sized_from_a_memory_budget(tiny_model):
+    from sglang_dsv41.runtime.pools import KVPools
+
+    cfg = tiny_model.cfg
+    per_token = KVPools.bytes_per_token(cfg)["total"]
+    fixed = 3 * KVPools.bytes_per_request_slot(cfg)
+    slots = KVPools.slots_for_budget(cfg, int(fixed + 10.5 * 64 * per_token), 3, 64)
+    assert slots == 10 * 64
+    drv = Driver(tiny_model, slots - 64, 3, page_size=64)  # the driver adds its scratch page
+    used = sum(t.numel() * t.element_size() for t in [*drv.pools.window, *drv.pools.compressed.values(),
+                                                       *drv.pools.index_keys.values(), *drv.pools.pending.values()])
+    assert used <= fixed + 10.5 * 64 * per_token
+    with pytest.raises(ValueError, match="holds no page of 64 tokens for 3 request slots"):
+        KVPools.slots_for_budget(cfg, int(fixed + 64 * per_token), 3, 64)

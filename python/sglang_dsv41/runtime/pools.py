@@ -84,6 +84,21 @@ class KVPools:
         ring = cfg.attention.window_size * cfg.window_kv_bytes_per_token * cfg.num_layers if window_rings else 0
         return n2 * 2 * cfg.attention.head_dim * 4 + ring
 
+    @staticmethod
+    def slots_for_budget(cfg: ModelConfig, budget_bytes: int, num_req_slots: int, page_size: int,
+                         window_rings: bool = False) -> int:
+        """Token slots (a multiple of `page_size`) whose pools fit in `budget_bytes` after the fixed
+        per-request state: size the pools once, at load, from a memory budget (a driver's
+        `max_tokens`). ValueError when not even one page fits."""
+        per_token = KVPools.bytes_per_token(cfg, window_rings)["total"]
+        fixed = num_req_slots * KVPools.bytes_per_request_slot(cfg, window_rings)
+        pages = int((budget_bytes - fixed) // (per_token * page_size)) if budget_bytes > fixed else 0
+        if pages < 2:  # page 0 is the driver's scratch page
+            need = fixed + 2 * page_size * per_token
+            raise ValueError(f"KV memory budget of {budget_bytes} bytes holds no page of {page_size} tokens for "
+                             f"{num_req_slots} request slots (at least {int(need)} bytes)")
+        return pages * page_size
+
     @torch.inference_mode()
     def clear_request(self, req_slot: int) -> None:
         """Drop a request slot's pending state and (ring mode) its window ring: the slot starts a
