@@ -93,3 +93,33 @@ def test_weight_update_serves_the_new_weights(server, client, tiny_dir, tmp_path
     ids, mixed = _greedy(client, prompt)
     assert torch.equal(mixed, _expected(new, prompt, ids))
     assert not torch.equal(mixed[: len(after)], after[: len(mixed)])
+
+
+def test_weight_sync_of_trained_weights_serves_the_trainers_logprobs(server, client, tiny_dir, tmp_path_factory):
+    """An RL step's weight sync (train/weight_sync.py: the trainer's non-frozen tensors after an
+    optimizer step) into the running server: sampled rollouts (temperature 1, a group of 2) then carry
+    exactly the trainer's logprobs, unforced and under R3 (KL and every |dlogp| exactly 0), and the
+    rollouts report the pushed weight_version. The trainer runs at torch's default thread count, the
+    server's (on the CPU the forward's last bits depend on it: docs/rl.md)."""
+    from sglang_dsv41.train.mismatch import measure
+    from sglang_dsv41.train.trainable import load_trainable, sequence_loss, trainable_parameters
+    from sglang_dsv41.train.export import checkpoint_tensors
+    from sglang_dsv41.train.weight_sync import WeightSync
+
+    client.update_weights_from_disk(str(tiny_dir), weight_version="base")  # undo the updates above
+    model = load_trainable(tiny_dir)
+    opt = torch.optim.AdamW([p for _, p in trainable_parameters(model)], lr=1e-3)
+    ids = torch.tensor(random_prompts(1, 16, model.cfg.vocab_size, seed=5)[0])
+    loss, n = sequence_loss(model, ids, torch.ones(16, dtype=torch.bool))
+    (loss / n).backward()
+    opt.step()
+    root = tmp_path_factory.mktemp("sync")
+    WeightSync(client, root).push(checkpoint_tensors(model, include_frozen=False), model.cfg, "trained-1")
+    groups = client.sample(random_prompts(1, 8, model.cfg.vocab_size, seed=7), 2, 6, temperature=1.0,
+                           routed_experts=True, layers=model.cfg.num_layers, top_k=model.cfg.moe.n_activated_experts)
+    rollouts = [r for g in groups for r in g]
+    assert {r.weight_version for r in rollouts} == {"trained-1"}
+    res = measure(model, rollouts, r3=True)
+    for m in res.values():
+        assert m.tokens >= 2 and m.kl_max == 0.0 and m.dlogp_max == 0.0, m
+        assert m.routing_agreement == 1.0

@@ -15,7 +15,10 @@ carries the unforced forward's metrics under "unforced"; routing agreement is al
 trainer's own (unforced) routing.
 
 The server must return logprobs of the raw distribution (`SGLANG_RETURN_ORIGINAL_LOGPROB=1`) and,
-for `--r3` or routing agreement, run `--enable-return-routed-experts` (docs/rl.md).
+for `--r3` or routing agreement, run `--enable-return-routed-experts` (docs/rl.md). On the CPU the
+trainer must run with the server's torch thread count (`--threads`; both default to one per core):
+MKL splits the K reduction of fp32 GEMMs over threads, so another count changes the last bits, and
+through the FP8 roundings and top-k, whole logprobs.
 """
 
 from __future__ import annotations
@@ -116,7 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-routing", action="store_true", help="do not request routed experts (server without "
                    "--enable-return-routed-experts; no R3, no routing agreement)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default). On the CPU use "
+                   "the server's count: the forward's last bits depend on it (MKL splits fp32 GEMM reductions)")
     a = p.parse_args(argv)
+    if a.threads < 0:
+        p.error("--threads must be >= 0")
+    if a.threads:
+        torch.set_num_threads(a.threads)
     # The server's CPU kernels (set by our plugin there); read at torch's first CPU kernel, so here.
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
     if a.r3 and a.no_routing:

@@ -90,6 +90,27 @@ class RLRun:
             raise RuntimeError(f"rollouts from weight version {sorted(stale)}, expected {self.version}")
         return groups
 
+    def check_exact(self) -> float:
+        """CPU only: one greedy rollout of the pushed starting weights, recomputed by the trainer, must
+        match the server's logprobs exactly (the same forward on the same weights). Raises otherwise,
+        naming the usual cause: a different torch thread count (MKL splits the K reduction of fp32
+        GEMMs over threads, and the FP8 roundings and top-k turn that last bit into different tokens'
+        logprobs; measured: |dlogp| up to 1.9 with 1 trainer thread against a 2-thread server)."""
+        from sglang_dsv41.train.logprobs import response_logprobs
+
+        prob = task.problems(self.a.level, 1, "train", seed=self.a.seed * 1_000_003 + 999_983)[0]
+        ro = self._sample([prob], 1, 0.0)[0][0]
+        with torch.no_grad():
+            lp = response_logprobs(self.model, ro.prompt, ro.response)[0].cpu()
+        d = float((lp - torch.tensor(ro.logprobs)).abs().max())
+        if d != 0.0:
+            raise RuntimeError(
+                f"the trainer's logprobs differ from the server's on the same weights (max |dlogp| {d:.3g}, "
+                f"trainer at {torch.get_num_threads()} torch threads). On the CPU the forward's last bits depend on "
+                f"the thread count: run the trainer with the server's (--threads N; a server uses torch's default, "
+                f"one per core, unless OMP_NUM_THREADS says otherwise), or pass --no-check-exact to train anyway.")
+        return d
+
     def _score(self, ro: Rollout, p: task.Problem) -> float:
         return reward(self.renderer.tokenizer.decode(ro.response, skip_special_tokens=True), p.answer)
 
@@ -152,6 +173,8 @@ def run(a: argparse.Namespace) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rl = RLRun(a)
     rl.push(0)  # the server serves exactly the trainer's (exported) weights from the first rollout on
+    if a.check_exact and str(a.device) == "cpu":
+        rl.check_exact()
     log: list[dict] = []
     heldout = rl.evaluate()
     t_start = time.perf_counter()
@@ -253,7 +276,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default). On the CPU "
+                   "use the server's count: the forward's values depend on it (docs/rl.md)")
+    p.add_argument("--no-check-exact", dest="check_exact", action="store_false",
+                   help="CPU: skip the start-up check that the trainer reproduces the server's logprobs exactly")
     p.add_argument("--out", default="rl_out", help="directory for rl.jsonl, rl.png and the weight-sync files")
     p.add_argument("--results", default=None, help="write a markdown results table here")
     a = p.parse_args(argv)
