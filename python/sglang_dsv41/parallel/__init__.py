@@ -12,7 +12,7 @@
 from sglang_dsv41.parallel.collectives import Collectives
 from sglang_dsv41.parallel.load import Sharding, load_sharded_model
 from sglang_dsv41.parallel.mesh import DRIVER_FLAGS, SGLANG_FLAGS, ParallelError, ParallelPlan
-from sglang_dsv41.parallel.shard import TensorShard, shard, tensor_shards
+from sglang_dsv41.parallel.shard import TensorShard, shard, take_shards, tensor_shards
 
 __all__ = ["Collectives", "DRIVER_FLAGS", "ParallelError", "ParallelPlan", "SGLANG_FLAGS", "Sharding", "TensorShard",
-           "load_sharded_model", "shard", "tensor_shards"]
+           "load_sharded_model", "shard", "take_shards", "tensor_shards"]

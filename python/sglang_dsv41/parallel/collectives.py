@@ -62,7 +62,9 @@ class Collectives:
         parts = t.unflatten(-1, (self.size, w)).movedim(-2, 0).contiguous()  # [size, ..., w]
         out = torch.empty(parts.shape[1:], dtype=t.dtype, device=t.device)
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        scatter(out.view(torch.int32), parts.view(torch.int32), op=dist.ReduceOp.SUM, group=self.group)
+        # input [size * lead, ...] -> output [lead, ...]: rank r receives the sum of every rank's part r
+        flat_in = parts.view(torch.int32).flatten(0, 1) if parts.dim() > 1 else parts.view(torch.int32)
+        scatter(out.view(torch.int32), flat_in, op=dist.ReduceOp.SUM, group=self.group)
         return out
 
     def gather_last(self, t: torch.Tensor, n: int | None = None) -> torch.Tensor:

@@ -98,6 +98,17 @@ def tensor_shards(cfg: ModelConfig, plan: ParallelPlan) -> dict[str, TensorShard
     return out
 
 
+def take_shards(tensors: dict[str, torch.Tensor], shards: dict[str, TensorShard | None]) -> dict[str, torch.Tensor]:
+    """Whole checkpoint tensors (any subset, e.g. an engine's weight stream or a weight update) ->
+    this rank's parts under this rank's names (views; another rank's experts are dropped)."""
+    out = {}
+    for name, t in tensors.items():
+        s = shards.get(name, TensorShard(name))
+        if s is not None:
+            out[s.name] = s.take(t)
+    return out
+
+
 def _restructure(model: DeepseekV41, plan: ParallelPlan, comm: Collectives) -> None:
     """Swap modules for this rank's shapes (new parameters on the meta device)."""
     cfg = model.cfg
@@ -139,11 +150,7 @@ def shard(model: DeepseekV41, plan: ParallelPlan, comm: Collectives) -> Deepseek
     _restructure(model, plan, comm)
     if meta:
         return model
-    local = {}
-    for name, t in full.items():
-        s = specs.get(name, TensorShard(name))
-        if s is not None:
-            local[s.name] = s.take(t).clone()  # a copy: the full tensor is freed with `full`
+    local = {k: t.clone() for k, t in take_shards(full, specs).items()}  # copies: the full tensors go with `full`
     model.load_state_dict(local, strict=True, assign=True)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -3,6 +3,7 @@ chunked prefill, batched greedy decode. Used by benchmarks on the GPU machine an
 
     python -m sglang_dsv41.runtime.driver --model deepseek-v4.1-tiny --prompts 4 --prompt-len 300 \
         --decode 16 --chunk 128 [--out tokens.json]
+    torchrun --nproc-per-node 2 -m sglang_dsv41.runtime.driver --tp 2 --ep 2 ...   (docs/parallel.md)
 """
 
 from __future__ import annotations
@@ -265,7 +266,6 @@ def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[
 
 
 def main(argv: list[str] | None = None) -> None:
-    from sglang_dsv41.checkpoint.loader import load_model
     from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
 
     ap = argparse.ArgumentParser(description="Offline prefill + greedy decode over the paged runtime.")
@@ -281,8 +281,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decoder-replay", action="store_true", help="decoder SWA bounded replay (tail-only prefill)")
     ap.add_argument("--encoder-replay", action="store_true", help="encoder SWA bounded replay (window KV in request rings)")
     ap.add_argument("--no-graph", action="store_true", help="eager decode steps (default: one CUDA graph per batch size)")
+    ap.add_argument("--tp", type=int, default=1, help="attention heads, shared expert, vocab, Engram rows over the "
+                    "torchrun ranks (1 or the rank count; docs/parallel.md)")
+    ap.add_argument("--ep", type=int, default=1, help="routed experts over the torchrun ranks (1 or the rank count)")
     a = ap.parse_args(argv)
-    model = load_model(a.model, device=a.device, progress=False)
+    from sglang_dsv41.parallel import ParallelError, ParallelPlan, load_sharded_model
+    from sglang_dsv41.parallel.launch import finish, init_from_env
+
+    comm, a.device = init_from_env(a.device)  # torchrun: one rank per process (NCCL on CUDA, gloo on CPU)
+    try:
+        plan = ParallelPlan(comm.size, comm.rank, a.tp, a.ep)
+        model = load_sharded_model(a.model, plan, comm, a.device, progress=False)
+    except ParallelError as e:
+        ap.error(str(e))
+    a.no_graph |= comm.size > 1  # the sharded MoE reads its routed pairs on the host: eager steps
     table = kernel_table(a.device)
     use_kernels(model, table)
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
@@ -290,10 +302,12 @@ def main(argv: list[str] | None = None) -> None:
                  a.device, ops=table, decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay,
                  graphs=not a.no_graph and not a.encoder_replay)
     new, stats = drv.generate(prompts, a.decode, a.chunk)
-    print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"prompts": prompts, "tokens": new, "stats": stats}, f)
+    if comm.rank == 0:  # every rank generated the same tokens
+        print(json.dumps({k: round(v, 4) for k, v in stats.items()}))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"prompts": prompts, "tokens": new, "stats": stats}, f)
+    finish()
 
 
 if __name__ == "__main__":
