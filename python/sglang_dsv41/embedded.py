@@ -1,11 +1,11 @@
 """Model names that resolve to embedded checkpoints: trained ones shipped in the package, random ones
 generated on first use into a cache dir.
 
-`deepseek-v4.1-tiny` (the default for CPU serving) is the trained checkpoint in
-`assets/deepseek-v4.1-tiny/` (the `mini` preset after supervised QAT on the arithmetic task,
-train/sft.py; its `training.json` records the command and generator versions) when that directory
-exists, else the random `tiny` preset. `deepseek-v4.1-tiny-random` (tests), `deepseek-v4.1-mini-random`
-(the trained default's starting point) and `deepseek-v4.1-small` are seeded random presets of
+`deepseek-v4.1-tiny` (the default for CPU serving) is the trained checkpoint shipped in the package,
+`assets/deepseek-v4.1-tiny/` (the `mini-digits` preset after supervised QAT on the arithmetic task,
+train/sft.py; its `training.json` records the command, accuracies and generator versions), or the
+random `tiny` preset if that directory is absent. `deepseek-v4.1-tiny-random` (tests),
+`deepseek-v4.1-mini-random` and `deepseek-v4.1-small` are seeded random presets of
 `sglang_dsv41.tiny`. The cache dir is `$SGLANG_DSV41_CACHE` or
 `~/.cache/sglang_dsv41`, one subdirectory per alias and generator version (a generator change
 never serves stale bytes); generation writes into a temporary sibling and renames it into place, so

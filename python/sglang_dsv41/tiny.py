@@ -68,6 +68,8 @@ class Preset:
     engram_dim: int
     engram_vocab: int
     tokenizer_vocab: int = 1024
+    single_digits: bool = False
+    """The tokenizer puts every digit in its own token (`build_tiny_tokenizer(single_digits=True)`)."""
     release_layout: bool = False
     """True: the released 40-layer roles (ratio 2 on 2-19, ratio 1 on 20-39, KV sources 2/8/14/20,
     index sources 2/8/14/20/24/28/32/36, candidates from 20, Engram on 1 and 14); the ratio2 / ratio1
@@ -77,9 +79,12 @@ class Preset:
 PRESETS = {
     "tiny": Preset(256, 4, 128, 128, 64, 2, 4, 128, 32, 16, 4, 8, 2, 128, 4, 4, 2, 3, 64, 2003),
     "small": Preset(512, 8, 256, 256, 128, 4, 8, 128, 64, 32, 8, 16, 4, 256, 6, 4, 4, 4, 128, 8009),
-    # `tiny` at hidden 128 (2 heads, q_lora 64, indexer 2 x 64, Engram dim 64): the architecture of the
-    # trained embedded default `deepseek-v4.1-tiny` (train/sft.py); about 5.7 MB in the released layout
+    # `tiny` at hidden 128 (2 heads, q_lora 64, indexer 2 x 64, Engram dim 64); about 5.7 MB in the
+    # released layout
     "mini": Preset(128, 2, 128, 64, 64, 2, 2, 64, 16, 8, 4, 8, 2, 128, 4, 4, 2, 3, 64, 503),
+    # `mini` with one token per digit: the starting point of the trained default `deepseek-v4.1-tiny`
+    # (arithmetic is far easier to learn when '312' is '3','1','2' rather than '3','12')
+    "mini-digits": Preset(128, 2, 128, 64, 64, 2, 2, 64, 16, 8, 4, 8, 2, 128, 4, 4, 2, 3, 64, 503, single_digits=True),
     "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521),
     # the released layer roles and attention widths; 16 experts (top-6) so it fits one H200
     "release": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 18, 20, 8, 4, 256, 65521,
@@ -242,7 +247,7 @@ def write_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     p = PRESETS[preset]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab)
+    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
@@ -264,7 +269,7 @@ def random_model(preset: str, workdir: str | Path, device: str = "cpu", seed: in
 
     p, out = PRESETS[preset], Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab)
+    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))

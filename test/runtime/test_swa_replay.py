@@ -27,7 +27,7 @@ T = 200  # > window (128): the tail drops rows; two pages of 64 plus a partial o
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model("deepseek-v4.1-tiny", progress=False)
+    return load_model("deepseek-v4.1-tiny-random", progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -96,10 +96,14 @@ def test_aliases(tmp_path, monkeypatch):
     assert resolve_model_name("/some/dir") == ("/some/dir", None)
     from sglang_dsv41.tiny import GENERATOR_VERSION
 
-    path, served = resolve_model_name("deepseek-v4.1-tiny")
-    cached = tmp_path / f"deepseek-v4.1-tiny-g{GENERATOR_VERSION}"
-    assert served == "deepseek-v4.1-tiny" and (cached / "config.json").exists()
+    path, served = resolve_model_name("deepseek-v4.1-tiny-random")
+    cached = tmp_path / f"deepseek-v4.1-tiny-random-g{GENERATOR_VERSION}"
+    assert served == "deepseek-v4.1-tiny-random" and (cached / "config.json").exists()
     assert path == str(cached)
+    from sglang_dsv41.embedded import ASSETS
+
+    path, served = resolve_model_name("deepseek-v4.1-tiny")  # the trained default shipped in the package
+    assert served == "deepseek-v4.1-tiny" and path == str(ASSETS / "deepseek-v4.1-tiny")
 
 
 @pytest.mark.parametrize("field, value, flag", [

@@ -62,8 +62,10 @@ ALL_SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN) + CHAT_S
 
 MODEL_MAX_LENGTH = 1 << 20
 
-# Digits are isolated in groups of at most three before the GPT-2 byte-level regex split.
+# Digits are isolated in groups of at most three before the GPT-2 byte-level regex split
+# (`single_digits=True`: every digit is its own piece, so no merge ever joins two digits).
 _DIGIT_GROUPS = r"\p{N}{1,3}"
+_SINGLE_DIGITS = r"\p{N}"
 
 # Training corpus: varied English prose, code, numbers, JSON, chat markup, accented words,
 # Greek/Cyrillic, CJK and a few emoji. Written for this module.
@@ -178,10 +180,11 @@ def _byte_alphabet() -> list[str]:
     return out
 
 
-def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+def _pre_tokenizer(single_digits: bool = False) -> pre_tokenizers.PreTokenizer:
+    digits = _SINGLE_DIGITS if single_digits else _DIGIT_GROUPS
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_DIGIT_GROUPS), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(digits), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True),
         ]
     )
@@ -243,12 +246,15 @@ def _learn_merges(words: dict[tuple[str, ...], int], num_merges: int) -> list[tu
     return merges
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
+def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False) -> Tokenizer:
     """Build the deterministic tiny tokenizer (a raw `tokenizers.Tokenizer`).
 
     Args:
         vocab_size: target total size including all special tokens; must leave room for the
             3 head specials, the 256 byte symbols and the tail specials (>= 275).
+        single_digits: split every digit into its own pre-token (one token per digit: what the
+            arithmetic-trained default uses); False (the default, unchanged bytes) groups digits in
+            threes, which BPE merges further.
     Returns:
         A `tokenizers.Tokenizer`; `get_vocab_size(with_added_tokens=True) == vocab_size` (smaller
         only if the embedded corpus runs out of pairs to merge). Byte-level: every UTF-8 string
@@ -258,7 +264,7 @@ def build_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     if vocab_size < n_fixed:
         raise ValueError(f"vocab_size={vocab_size} is below the {n_fixed} fixed entries")
 
-    pre = _pre_tokenizer()
+    pre = _pre_tokenizer(single_digits)
     words: dict[tuple[str, ...], int] = {}
     for piece, _ in pre.pre_tokenize_str(_CORPUS):
         key = tuple(piece)
@@ -306,7 +312,7 @@ def tokenizer_config_dict() -> dict:
     }
 
 
-def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024) -> str:
+def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024, single_digits: bool = False) -> str:
     """Write `tokenizer.json` and `tokenizer_config.json` (plus `special_tokens_map.json`) to out_dir.
 
     The directory loads with `transformers.AutoTokenizer.from_pretrained(out_dir)`,
@@ -315,7 +321,7 @@ def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024) -> s
     """
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    tok = build_tiny_tokenizer(vocab_size)
+    tok = build_tiny_tokenizer(vocab_size, single_digits)
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
     cfg = tokenizer_config_dict()

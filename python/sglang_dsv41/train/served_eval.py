@@ -1,0 +1,62 @@
+"""Held-out accuracy of a served model through the OpenAI chat API (the real serving path).
+
+    python -m sglang_dsv41.train.served_eval --server http://127.0.0.1:30000 [--level 2] [--n 300]
+
+Sends each held-out (test-split) problem of `--level` (train/task.py, seed `--seed`) as one chat
+request `{"role": "user", "content": "What is a+b?"}` with greedy decoding (temperature 0,
+`--max-tokens`), scores the reply with the task's reward (exact match of the last `\\boxed{...}`),
+and prints one JSON line: accuracy overall and per operator, the number of problems, and a few
+wrong replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from sglang_dsv41.train import task
+from sglang_dsv41.train.reward import reward
+
+
+def ask(server: str, model: str, question: str, max_tokens: int, timeout: float = 300.0) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "temperature": 0.0,
+            "max_tokens": max_tokens}
+    r = requests.post(f"{server.rstrip('/')}/v1/chat/completions", json=body, timeout=timeout)
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"] or ""
+
+
+def evaluate(server: str, model: str, level: int, n: int, seed: int = 0, max_tokens: int = 16,
+             workers: int = 8) -> dict:
+    probs = task.problems(level, n, "test", seed)
+    with ThreadPoolExecutor(workers) as pool:
+        replies = list(pool.map(lambda p: ask(server, model, p.question, max_tokens), probs))
+    right = [reward(text, p.answer) == 1.0 for p, text in zip(probs, replies)]
+    out = {"level": level, "n": n, "seed": seed, "accuracy": sum(right) / n}
+    for op in task.OPS:
+        sel = [r for p, r in zip(probs, right) if p.op == op]
+        out[op] = {"n": len(sel), "accuracy": sum(sel) / max(1, len(sel))}
+    out["wrong_examples"] = [{"q": p.question, "reply": t} for p, t, r in zip(probs, replies, right) if not r][:5]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Held-out task accuracy of a served model (chat API, greedy).")
+    ap.add_argument("--server", required=True, help="e.g. http://127.0.0.1:30000")
+    ap.add_argument("--model", default="deepseek-v4.1-tiny", help="the served model name")
+    ap.add_argument("--level", type=int, default=2)
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=8, help="concurrent requests")
+    a = ap.parse_args(argv)
+    if a.n < 1:
+        ap.error("--n must be >= 1")
+    print(json.dumps(evaluate(a.server, a.model, a.level, a.n, a.seed, a.max_tokens, a.workers)))
+
+
+if __name__ == "__main__":
+    main()
