@@ -136,7 +136,7 @@ class RLRun:
             if len(kept) >= self.a.prompts:
                 break
         kept = kept[: self.a.prompts]
-        lengths = [len(r.response) for g in kept for r in g]
+        lengths = [len(r.response) for g in kept for r in g.rollouts]
         return kept, {"reward": sum(scores) / len(scores), "groups_sampled": sampled, "groups_kept": len(kept),
                       "response_len": sum(lengths) / len(lengths) if lengths else None}
 
@@ -163,7 +163,7 @@ class RLRun:
             agree = torch.cat([same_expert_sets(own, r.routed_experts) for own, r in zip(out.routed, rollouts)])
         mm = summarize(torch.cat([o.cpu() for o in old]), torch.cat([lp.detach().cpu() for lp in out.logprobs]), agree,
                        len(rollouts), self.a.r3)
-        return {"loss": float(loss), "clip_frac": float(torch.cat(clipped).float().mean()), "grad_norm": grad_norm,
+        return {"loss": float(loss.detach()), "clip_frac": float(torch.cat(clipped).float().mean()), "grad_norm": grad_norm,
                 "tokens": tokens, "kl_mean": mm.kl_mean, "kl_p99": mm.kl_p99, "kl_max": mm.kl_max,
                 "dlogp_mean": mm.dlogp_mean, "dlogp_max": mm.dlogp_max, "routing_agreement": mm.routing_agreement}
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# RL (GRPO/DAPO) on rollouts from a real SGLang server on the CPU: launch the server, run
+# `python -m sglang_dsv41.train.rl` for STEPS steps, write the reward/mismatch PNG and the results
+# table into benchmark/results/, stop the server.
+#
+#   benchmark/rl_run.sh                       # 80 steps on the embedded default deepseek-v4.1-tiny
+#   STEPS=3 MODEL=deepseek-v4.1-mini-random benchmark/rl_run.sh    # a quick check of the whole path
+#
+# Settings (environment, defaults in brackets): MODEL [deepseek-v4.1-tiny], STEPS [80], LEVEL [2]
+# (train problems), EVAL_LEVEL [2] and EVAL_N [50] (held-out greedy accuracy on test-split problems),
+# EVAL_EVERY [10], PROMPTS [8] groups per step, N [8] samples per group, MAX_NEW [16] tokens, LR [1e-4],
+# ROUNDS [3] dynamic-sampling rounds, R3 [0] (1: routing replay), SEED [0], PORT [30000],
+# THREADS [1] torch threads of the server (OMP_NUM_THREADS) and of the trainer (--threads),
+# OUT [rl_out/<date>-cpu-rl] (rl.jsonl, rl.png, server.log, weight-sync files),
+# RESULTS [benchmark/results/<date>-cpu-rl] (.md table, .png curve).
+#
+# The server and the trainer run with the same torch thread count: on the CPU the forward's last bits
+# depend on it, and train.rl checks at start that it reproduces the server's logprobs exactly
+# (docs/rl.md). One thread each by default: SGLang's scheduler polls while idle and keeps a core busy,
+# so on a 2-core machine a 2-thread trainer would share its cores with it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DATE=$(date -u +%Y-%m-%d)
+MODEL=${MODEL:-deepseek-v4.1-tiny}
+STEPS=${STEPS:-80}
+LEVEL=${LEVEL:-2}
+EVAL_LEVEL=${EVAL_LEVEL:-2}
+EVAL_N=${EVAL_N:-50}
+EVAL_EVERY=${EVAL_EVERY:-10}
+PROMPTS=${PROMPTS:-8}
+N=${N:-8}
+MAX_NEW=${MAX_NEW:-16}
+LR=${LR:-1e-4}
+ROUNDS=${ROUNDS:-3}
+R3=${R3:-0}
+SEED=${SEED:-0}
+THREADS=${THREADS:-1}
+PORT=${PORT:-30000}
+OUT=${OUT:-rl_out/${DATE}-cpu-rl}
+RESULTS=${RESULTS:-benchmark/results/${DATE}-cpu-rl}
+
+export ATEN_CPU_CAPABILITY=default
+mkdir -p "$OUT" "$(dirname "$RESULTS")"
+
+OMP_NUM_THREADS=$THREADS SGLANG_RETURN_ORIGINAL_LOGPROB=1 setsid python -m sglang.launch_server --model "$MODEL" --host 127.0.0.1 \
+    --port "$PORT" --enable-return-routed-experts --no-enable-decoder-swa-bounded-replay \
+    >"$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill -TERM -- -$SERVER 2>/dev/null || true; sleep 3; kill -KILL -- -$SERVER 2>/dev/null || true' EXIT
+
+URL=http://127.0.0.1:$PORT
+for _ in $(seq 600); do
+    if curl -sf -o /dev/null "$URL/health"; then break; fi
+    if ! kill -0 "$SERVER" 2>/dev/null; then echo "server exited; see $OUT/server.log" >&2; tail -20 "$OUT/server.log" >&2; exit 1; fi
+    sleep 1
+done
+curl -sf -o /dev/null "$URL/health" || { echo "server not healthy after 600 s; see $OUT/server.log" >&2; exit 1; }
+
+EXTRA=()
+[ "$R3" = 1 ] && EXTRA+=(--r3)
+python -m sglang_dsv41.train.rl --server "$URL" --model "$MODEL" --steps "$STEPS" --level "$LEVEL" \
+    --eval-level "$EVAL_LEVEL" --eval-n "$EVAL_N" --eval-every "$EVAL_EVERY" --prompts "$PROMPTS" --n "$N" \
+    --max-new-tokens "$MAX_NEW" --lr "$LR" --max-rounds "$ROUNDS" --seed "$SEED" --threads "$THREADS" --out "$OUT" \
+    --results "$RESULTS.md" "${EXTRA[@]}"
+cp "$OUT/rl.png" "$RESULTS.png"
+echo "wrote $RESULTS.md, $RESULTS.png (per-step log: $OUT/rl.jsonl)"
