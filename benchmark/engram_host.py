@@ -22,15 +22,17 @@ rewritten after every part):
      copy engine moving the same number of contiguous bytes host -> device (PCIe ceiling)
   2. CUDA graph: hash + every Engram layer (prefetch on a side stream into the staging buffers)
      captured for a decode batch, replayed on new tokens == eager, bit for bit
-  3. greedy tokens on a second model (--greedy-preset, its own Engram tables, every placement):
+  3. KV capacity: device memory free with the tables on the device vs after freeing them (back to
+     back), in KV tokens (runtime.KVPools bytes per token slot), vs table bytes / bytes per token;
+     the device tables are then restored from a host table
+  4. greedy tokens on a second model (--greedy-preset, its own Engram tables, every placement):
      --greedy PxN = P prompts of N tokens, N new tokens each, tokens == "off"; where the driver
      has CUDA-graph decode (`Driver(graphs=True)`), every placement again with graphs, tokens ==
      eager "off"
-  4. end to end on the standalone driver, per placement ("off" and the first layout together;
-     later layouts only within --budget-s): prefill of the --long prompts (tok/s), eager decode
-     steps at batch len(long) and at batch len(short) (s/step), greedy tokens vs "off"
-  5. KV capacity: device memory free with the tables on the device vs after freeing them, in KV
-     tokens (runtime.KVPools bytes per token slot), vs table bytes / bytes per token
+  5. end to end on the standalone driver, per placement ("off" and the first layout together; later
+     layouts only within --budget-s): prefill of the --long prompts (tok/s), decode steps (eager, or
+     CUDA graphs with --graph-decode) at batch len(long) and at batch len(short) (s/step), greedy
+     tokens vs "off"
 Prints one markdown report and writes it to <results-dir>/<date>-<device>-engram-host-run.md.
 """
 
@@ -273,14 +275,47 @@ def graph_check(model, dev, lines, batch=64):
                  f"bit for bit on 3 new token sets: {results}")
 
 
+def kv_capacity(model, place, tables, table_bytes, dev, body):
+    """Device memory free with the tables on the device, then with them freed (two readings back to
+    back: they differ by the tables only), in KV token slots; then the device tables are restored
+    from a host table (every layout holds all rows at TP 1) for the parts after this one."""
+    e = model.cfg.engram
+    gc.collect()
+    torch.cuda.empty_cache()
+    free_off = torch.cuda.mem_get_info(dev)[0]
+    kept = {}
+    for lid in e.layer_ids:  # free the device tables: what the host table gives to the KV cache
+        mod = place.device_tables[lid]
+        kept[lid] = (mod.weight.shape, mod.weight.dtype, mod.scale.shape, mod.scale.dtype)
+        mod.weight = None
+        mod.scale = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    free_on = torch.cuda.mem_get_info(dev)[0]
+    src = next(iter(tables.values()))
+    for k, lid in enumerate(e.layer_ids):
+        ws, wd, ss, sd = kept[lid]
+        w, sc = torch.empty(ws, dtype=wd, device=dev), torch.empty(ss, dtype=sd, device=dev)
+        w.view(torch.uint8).copy_(src.weight(k).view(torch.uint8))
+        sc.view(torch.uint8).copy_(src.scale(k).view(torch.uint8))
+        place.device_tables[lid].weight = torch.nn.Parameter(w, requires_grad=False)
+        place.device_tables[lid].scale = torch.nn.Parameter(sc, requires_grad=False)
+    bpt = KVPools.bytes_per_token(model.cfg)["total"]
+    gain, want = (free_on - free_off) // bpt, table_bytes // bpt
+    body += [f"| tables | free device bytes | KV tokens at {bpt:g} B/token |", "|---|---|---|",
+             f"| on the device | {free_off} | {int(free_off // bpt)} |", f"| in host memory | {free_on} | {int(free_on // bpt)} |",
+             "", f"Gain {int(gain)} tokens (+{100 * (free_on - free_off) / max(free_off, 1):.1f}% free memory); "
+             f"table bytes / bytes per token = {int(want)}; gain / expected = {gain / want:.4f}."]
+
+
 def driver_has_graphs() -> bool:
     import inspect
 
     return "graphs" in inspect.signature(Driver.__init__).parameters
 
 
-def e2e(drv_args, model, long_p, short_p, decode, chunk):
-    drv = Driver(model, *drv_args)
+def e2e(drv_args, model, long_p, short_p, decode, chunk, graphs=False):
+    drv = Driver(model, *drv_args, **({"graphs": True} if graphs else {}))
     new_l, st_l = drv.generate(long_p, decode, chunk)
     new_s, st_s = drv.generate(short_p, decode, chunk)
     del drv
@@ -351,7 +386,8 @@ def main() -> None:
     ap.add_argument("--greedy-preset", default="small")
     ap.add_argument("--greedy", default="64x64", help="PxN: P prompts of N tokens, N greedy tokens each")
     ap.add_argument("--gather-configs", default="4x2,8x4,16x8,32x8,64x8", help="host gather sweep: rows x warps")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: gather,graph,e2e,greedy")
+    ap.add_argument("--graph-decode", action="store_true", help="end to end: CUDA-graph decode (Driver(graphs=True))")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: gather,graph,kv,greedy,e2e")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no further part after this many seconds")
@@ -417,6 +453,9 @@ def main() -> None:
             place.off()
         part("graph", "CUDA graph with the host table", graphs)
 
+    if dev.type == "cuda":
+        part("kv", "KV capacity (device memory free after weights, in KV token slots)",
+             lambda body: kv_capacity(model, place, tables, table_bytes, dev, body))
     part("greedy", f"Greedy tokens on vs off, preset `{a.greedy_preset}`", lambda body: greedy_check(a, dev, table, body))
 
     def end_to_end(body):
@@ -427,17 +466,19 @@ def main() -> None:
         drv_args = (max(nl * (ll + a.decode + page), ns * (ls + a.decode + page), 2 * (300 + 2 + page)), max(nl, ns, 2), page, dev,
                     False, table)
         warm = random_prompts(model.cfg.vocab_size - 1, 2, 300, 2)
+        use_graphs = a.graph_decode and dev.type == "cuda" and driver_has_graphs()
         for n_run, label in enumerate(["off", *tables]):
             if n_run > 1 and over():  # "off" and the first layout always run together
                 body.append(f"- `{label}`: not run (past --budget-s {a.budget_s:.0f})")
                 continue
             place.off() if label == "off" else place.on(tables[label])
             Driver(model, *drv_args).generate(warm, 2, a.chunk)  # JIT of this placement's kernels
-            rows[label] = e2e(drv_args, model, long_p, short_p, a.decode, a.chunk)
+            rows[label] = e2e(drv_args, model, long_p, short_p, a.decode, a.chunk, use_graphs)
             print(label, {k: v for k, v in rows[label].items() if k != "tokens"}, f"{time.perf_counter() - t0:.0f}s", flush=True)
         place.off()
         body += [f"Prompts: {nl} x {ll} (prefill, then decode at batch {nl}) and {ns} x {ls} (decode at batch {ns}); "
-                 f"{a.decode} greedy tokens each ({a.decode - 1} decode steps timed); chunk {a.chunk}; eager decode.", "",
+                 f"{a.decode} greedy tokens each ({a.decode - 1} decode steps timed); chunk {a.chunk}; "
+                 f"{'CUDA-graph' if use_graphs else 'eager'} decode.", "",
                  f"| placement | prefill tok/s | vs off | decode s/step batch {nl} | vs off | decode s/step batch {ns} | vs off | "
                  "greedy tokens == off |", "|---|---|---|---|---|---|---|---|"]
         base = rows.get("off")
@@ -447,24 +488,6 @@ def main() -> None:
                         f"{rel('decode_long_s', True)} | {r['decode_short_s']:.3f} | {rel('decode_short_s', True)} | "
                         f"{(r['tokens'] == base['tokens']) if base else '-'} |")
     part("e2e", f"End to end on the driver, preset `{a.preset}` (speed: off time / on time, >= 1 is faster)", end_to_end)
-    if dev.type == "cuda":  # both readings here, after every kernel was loaded: they differ by the tables only
-        gc.collect()
-        torch.cuda.empty_cache()
-        free_off = torch.cuda.mem_get_info(dev)[0]
-        for lid in e.layer_ids:  # free the device tables: what the host table gives to the KV cache
-            place.device_tables[lid].weight = None
-            place.device_tables[lid].scale = None
-        gc.collect()
-        torch.cuda.empty_cache()
-        free_on = torch.cuda.mem_get_info(dev)[0]
-        bpt = KVPools.bytes_per_token(model.cfg)["total"]
-        gain, want = (free_on - free_off) // bpt, table_bytes // bpt
-        sections.append(("KV capacity (device memory free after weights, in KV token slots)", [
-            f"| tables | free device bytes | KV tokens at {bpt:g} B/token |", "|---|---|---|",
-            f"| on the device | {free_off} | {int(free_off // bpt)} |", f"| in host memory | {free_on} | {int(free_on // bpt)} |",
-            "", f"Gain {int(gain)} tokens (+{100 * (free_on - free_off) / max(free_off, 1):.1f}% free memory); "
-            f"table bytes / bytes per token = {int(want)}; gain / expected = {gain / want:.4f}."]))
-        print(flush(), flush=True)
     del model, place, tables
     print(flush(), flush=True)
 
