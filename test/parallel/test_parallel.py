@@ -128,3 +128,23 @@ def test_plans_that_cannot_split_name_the_flag(tiny_model):
         ParallelPlan(16, 0, 1, 16).check(cfg, {"tp": "--tp-size", "ep": "--ep-size"})
     with pytest.raises(ParallelError, match=r"^--tp 8: does not divide num_attention_heads=4"):
         ParallelPlan(8, 0, 8, 1).check(cfg)
+
+
+def test_server_args_accept_tp_and_ep_and_name_what_cannot_run(monkeypatch):
+    """SGLang flags (sglang/server_args.py): --tp-size N with --ep-size 1 or N are served; the rest
+    fails at startup naming the flag."""
+    from types import SimpleNamespace
+
+    from sglang_dsv41.sglang.server_args import CPU_BIND_VAR, _flag_errors, validate_flags
+
+    monkeypatch.setenv(CPU_BIND_VAR, "0|1")
+    for tp, ep in ((2, 1), (2, 2), (8, 8)):
+        assert _flag_errors(SimpleNamespace(tp_size=tp, ep_size=ep), on_cpu=True) == []
+    with pytest.raises(ValueError, match=r"^--ep-size: must be 1 or --tp-size \(4\)"):
+        validate_flags(SimpleNamespace(tp_size=4, ep_size=2), on_cpu=False)
+    with pytest.raises(ValueError, match=r"^--enable-dp-attention: data-parallel attention"):
+        validate_flags(SimpleNamespace(tp_size=2, enable_dp_attention=True), on_cpu=False)
+    monkeypatch.delenv(CPU_BIND_VAR)
+    with pytest.raises(ValueError, match=rf"^--tp-size: 2 ranks on the CPU need {CPU_BIND_VAR}"):
+        validate_flags(SimpleNamespace(tp_size=2), on_cpu=True)
+    assert _flag_errors(SimpleNamespace(tp_size=2), on_cpu=False) == []

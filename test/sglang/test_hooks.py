@@ -113,8 +113,7 @@ def test_aliases(tmp_path, monkeypatch):
     ("speculative_algorithm", "EAGLE", "--speculative-algorithm"),
     ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
     ("enable_unified_memory", True, "--enable-unified-memory"),
-    ("tp_size", 2, "--tp-size"),
-    ("ep_size", 4, "--ep-size"),
+    ("ep_size", 4, "--ep-size"),  # without --tp-size 4 (docs/parallel.md: 1 or the TP size)
     ("enable_hierarchical_cache", True, "--enable-hierarchical-cache"),
     ("disaggregation_mode", "prefill", "--disaggregation-mode"),
     ("enable_lora", True, "--enable-lora"),

@@ -22,10 +22,12 @@ from dsv41_kernels.op_table import OpTable
 from sglang_dsv41.checkpoint.io import CheckpointError, check_headers, check_tensors
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.parallel import shard, take_shards, tensor_shards
 from sglang_dsv41.runtime import KVPools, Runtime
 from sglang_dsv41.sglang.engram_host import EngramHostPlacement
 from sglang_dsv41.sglang.request_windows import RequestWindows
 from sglang_dsv41.sglang.server_args import swa_replay_modes
+from sglang_dsv41.sglang.tensor_parallel import sglang_sharding
 from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.report import startup_report
 
@@ -67,6 +69,12 @@ class DeepseekV41ForCausalLM(nn.Module):
         # explicitly, so the default does not matter. Parameters come from the checkpoint (load_weights).
         with torch.device("meta"):
             self.model = DeepseekV41(self.cfg)
+        # --tp-size / --ep-size: this rank's part of the model over SGLang's TP group (docs/parallel.md)
+        self.sharding = sglang_sharding(self.cfg)
+        self.shards = None
+        if self.sharding is not None:
+            shard(self.model, *self.sharding)
+            self.shards = tensor_shards(self.cfg, self.sharding[0])
         self.logits_processor = LogitsProcessor(config)
         self.runtime: Runtime | None = None
         self.ops = None  # the kernel op table on CUDA (apply_kernels), else None: registry ops
@@ -88,6 +96,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         where = str(getattr(self.config, "_name_or_path", "the checkpoint"))
         tensors = {name: t.to(device) for name, t in (host.stream(weights, where) if host else weights)}
         tensors = check_tensors({**tensors, **(host.placeholders() if host else {})}, self.cfg, where=where)
+        if self.shards is not None:  # validated whole, kept in part
+            tensors = take_shards(tensors, self.shards)
         if host:  # the Engram tables stay in host memory: swap their modules, drop their names
             tensors = host.install(self.model, tensors)
         self.model.load_state_dict(tensors, strict=True, assign=True)
@@ -114,6 +124,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         its radix cache after the update, and every slot is written before it is read again. The
         Engram token map comes from the tokenizer and does not change."""
         tensors = check_tensors(dict(weights), self.cfg, where="the weight update", complete=False)
+        if self.shards is not None:
+            tensors = take_shards(tensors, self.shards)
         error = self._frozen_in_update(tensors)
         if error:
             raise CheckpointError(error)

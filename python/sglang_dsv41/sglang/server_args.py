@@ -7,6 +7,7 @@ returns the fields to default and raises `ValueError` naming the flag for an uns
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,9 @@ ARCHITECTURE = "DeepseekV41ForCausalLM"
 
 MODEL_ALIASES = {"deepseek-v4.1": "deepseek-ai/DeepSeek-V4.1-Flash"}
 """Hub names SGLang downloads as usual; embedded names (sglang_dsv41.embedded) are generated locally."""
+
+CPU_BIND_VAR = "SGLANG_CPU_OMP_THREADS_BIND"
+"""SGLang's per-rank CPU core lists ('|'-separated); required on the CPU with more than one rank."""
 
 DEFAULT_PAGE_SIZE = 64
 """Even (a ratio-2 pair shares `slot // 2`) and a multiple of 2 so pages align compressed slots."""
@@ -35,6 +39,7 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
     """(flag, why) for every requested feature V4.1 (or this implementation) cannot serve.
     `--enable-return-routed-experts` is served on every device (on CPU through hooks.py's host allocator)."""
     spec = getattr(cfg, "speculative_algorithm", None)
+    tp, ep = getattr(cfg, "tp_size", 1) or 1, getattr(cfg, "ep_size", 1) or 1
     checks = [
         ("--enable-hisparse", "DeepSeek-V4.1 does not support HiSparse", bool(getattr(cfg, "enable_hisparse", False))),
         ("--pp-size", "DeepSeek-V4.1 does not support pipeline parallelism (pp > 1)", (getattr(cfg, "pp_size", 1) or 1) > 1),
@@ -47,9 +52,13 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
         # not implemented by sglang-dsv41 yet (each would silently compute something else)
-        ("--tp-size", "tensor parallelism is not implemented by sglang-dsv41 yet (every rank would hold the "
-         "whole model with no all-reduce)", (getattr(cfg, "tp_size", 1) or 1) > 1),
-        ("--ep-size", "expert parallelism is not implemented by sglang-dsv41 yet", (getattr(cfg, "ep_size", 1) or 1) > 1),
+        # --tp-size N / --ep-size N: parallel/ over SGLang's TP group (docs/parallel.md)
+        ("--ep-size", f"must be 1 or --tp-size ({tp}): routed experts are split over every TP rank or none",
+         ep not in (1, tp)),
+        ("--enable-dp-attention", "data-parallel attention is not implemented by sglang-dsv41 yet (every TP rank "
+         "must run the same batch)", bool(getattr(cfg, "enable_dp_attention", False)) and tp > 1),
+        ("--tp-size", f"{tp} ranks on the CPU need {CPU_BIND_VAR} (one core list per rank, e.g. '0|1' for 2 ranks; "
+         "SGLang binds each rank's threads to it)", on_cpu and tp > 1 and not os.environ.get(CPU_BIND_VAR)),
         ("--enable-hierarchical-cache", "HiCache is not implemented by sglang-dsv41 yet (our KV pools are not "
          "SGLang's, so its host copies would miss them)", bool(getattr(cfg, "enable_hierarchical_cache", False))),
         ("--disaggregation-mode", "PD disaggregation is not implemented by sglang-dsv41 yet (our KV pools are "
