@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -42,6 +43,45 @@ from sglang_dsv41.train.policy import batch_response_logprobs
 from sglang_dsv41.train.reward import reward
 from sglang_dsv41.train.rollout import Rollout, ServerClient
 from sglang_dsv41.train.weight_sync import WeightSync
+
+
+@dataclass(frozen=True)
+class Family:
+    """A problem family outside task.py's levels: a in [a_lo, a_hi], b in [b_lo, b_hi], op from `ops`
+    (e.g. "1-9,10-99,*": one-digit times two-digit, which the default's SFT data never shows). Train /
+    test split by task.split_of with level FAMILY_LEVEL (disjoint, 10 % test)."""
+
+    a: tuple[int, int]
+    b: tuple[int, int]
+    ops: str
+
+    @staticmethod
+    def parse(spec: str) -> "Family":
+        try:
+            ra, rb, ops = spec.split(",")
+            a = tuple(int(x) for x in ra.split("-"))
+            b = tuple(int(x) for x in rb.split("-"))
+        except ValueError:
+            raise ValueError(f"--family must look like A_LO-A_HI,B_LO-B_HI,OPS (e.g. 1-9,10-99,*), got {spec!r}") from None
+        if len(a) != 2 or len(b) != 2 or a[0] > a[1] or b[0] > b[1] or min(a + b) < 0 or not ops or set(ops) - set(task.OPS):
+            raise ValueError(f"--family: bad ranges or operators in {spec!r} (operators from {''.join(task.OPS)})")
+        return Family(a, b, ops)
+
+    def problems(self, n: int, split: str, seed: int) -> list[task.Problem]:
+        rng = np.random.default_rng([task.SPLITS[split], FAMILY_LEVEL, seed])
+        out: list[task.Problem] = []
+        for _ in range(1000 * n):
+            p = task.Problem(FAMILY_LEVEL, int(rng.integers(self.a[0], self.a[1] + 1)), self.ops[int(rng.integers(len(self.ops)))],
+                             int(rng.integers(self.b[0], self.b[1] + 1)))
+            if task.split_of(p) == split:
+                out.append(p)
+                if len(out) == n:
+                    return out
+        raise ValueError(f"the family has too few {split} problems")
+
+
+FAMILY_LEVEL = 0
+"""Level field of family problems (no task.py level is 0), so their split hash is their own."""
 
 
 @dataclass
@@ -71,6 +111,11 @@ class RLRun:
         self.sync = WeightSync(self.client, Path(a.out) / "sync")
         self.version = "rl-step-0"
         self.prompt_cursor = 0
+        self.family = Family.parse(a.family) if a.family else None
+
+    def problems(self, level: int, n: int, split: str, seed: int) -> list[task.Problem]:
+        """task.problems of `level`, or of the --family when one is given."""
+        return self.family.problems(n, split, seed) if self.family else task.problems(level, n, split, seed=seed)
 
     # ------------------------------------------------------------------ server
     def push(self, step: int) -> float:
@@ -98,7 +143,7 @@ class RLRun:
         logprobs; measured: |dlogp| up to 1.9 with 1 trainer thread against a 2-thread server)."""
         from sglang_dsv41.train.logprobs import response_logprobs
 
-        prob = task.problems(self.a.level, 1, "train", seed=self.a.seed * 1_000_003 + 999_983)[0]
+        prob = self.problems(self.a.level, 1, "train", self.a.seed * 1_000_003 + 999_983)[0]
         ro = self._sample([prob], 1, 0.0)[0][0]
         with torch.no_grad():
             lp = response_logprobs(self.model, ro.prompt, ro.response)[0].cpu()
@@ -115,7 +160,7 @@ class RLRun:
         return reward(self.renderer.tokenizer.decode(ro.response, skip_special_tokens=True), p.answer)
 
     def evaluate(self) -> float:
-        probs = task.problems(self.a.eval_level, self.a.eval_n, "test", seed=self.a.seed)
+        probs = self.problems(self.a.eval_level, self.a.eval_n, "test", self.a.seed)
         groups = self._sample(probs, 1, 0.0)
         return sum(self._score(g[0], p) for g, p in zip(groups, probs)) / len(probs)
 
@@ -123,7 +168,7 @@ class RLRun:
         """Dynamic sampling: rounds of `--prompts` fresh train problems until `--prompts` informative groups."""
         kept, scores, sampled = [], [], 0
         for rnd in range(self.a.max_rounds):
-            probs = task.problems(self.a.level, self.a.prompts, "train", seed=self.a.seed * 1_000_003 + self.prompt_cursor)
+            probs = self.problems(self.a.level, self.a.prompts, "train", self.a.seed * 1_000_003 + self.prompt_cursor)
             self.prompt_cursor += 1
             for p, g in zip(probs, self._sample(probs, self.a.n, self.a.temperature)):
                 sc = [self._score(r, p) for r in g]
@@ -236,7 +281,9 @@ def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float
              f"- torch {torch.__version__}, task generator v{task.GENERATOR_VERSION}",
              f"- {len(log)} steps in {total_s:.0f} s",
              f"- mean train reward, first {k} steps: {first:.3f}; last {k} steps: {last:.3f} (change {last - first:+.3f})",
-             f"- held-out greedy accuracy (level {a.eval_level}, {a.eval_n} test problems): start {heldout0:.3f}, "
+             f"- problems: {f'family {a.family} (train split; held-out: its test split)' if a.family else f'level {a.level}'}",
+             f"- held-out greedy accuracy ({f'family {a.family}' if a.family else f'level {a.eval_level}'}, {a.eval_n} test "
+             f"problems): start {heldout0:.3f}, "
              f"end {log[-1]['heldout']:.3f}",
              f"- mismatch over all steps: max KL {max((r.get('kl_max') or 0) for r in log):.3g}, "
              f"max |dlogp| {max((r.get('dlogp_max') or 0) for r in log):.3g}", "",
@@ -272,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-routing", dest="routing", action="store_false",
                    help="do not request routed experts (server without --enable-return-routed-experts)")
     p.add_argument("--eval-level", type=int, default=2)
+    p.add_argument("--family", default=None, help="problems of a family A_LO-A_HI,B_LO-B_HI,OPS (e.g. 1-9,10-99,*) "
+                   "instead of --level / --eval-level: train split for rollouts, test split held out")
     p.add_argument("--eval-n", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -291,6 +340,11 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.n < 2:
         p.error("--n must be >= 2 (group-relative advantages)")
+    if a.family:
+        try:
+            Family.parse(a.family)
+        except ValueError as e:
+            p.error(str(e))
     if a.level not in task.RANGES or a.eval_level not in task.RANGES:
         p.error(f"--level / --eval-level must be one of {sorted(task.RANGES)}")
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")  # the server's CPU kernels (docs/numerics.md)
