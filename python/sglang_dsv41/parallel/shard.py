@@ -150,7 +150,11 @@ def shard(model: DeepseekV41, plan: ParallelPlan, comm: Collectives) -> Deepseek
     _restructure(model, plan, comm)
     if meta:
         return model
-    local = {k: t.clone() for k, t in take_shards(full, specs).items()}  # copies: the full tensors go with `full`
+    local = {}  # parts of split tensors are copies (the whole tensors go with `full`); replicated ones are kept
+    for name, t in full.items():
+        s = specs.get(name, TensorShard(name))
+        if s is not None:
+            local[s.name] = t if s.dim is None else s.take(t).clone()
     model.load_state_dict(local, strict=True, assign=True)
     for p in model.parameters():
         p.requires_grad_(False)
