@@ -164,15 +164,9 @@ def bench_s(fn, dev) -> float:
 
 def load_sglang_gather():
     """SGLang 0.5.23's own gather module file (read, not imported from an SGLang install), if present."""
-    import importlib.util
+    from kernels import load_sglang_gather as load  # benchmark/kernels.py (this script's folder is on sys.path)
 
-    path = ROOT / ".whl" / "sglang_0_5_23_engram_gather.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("sglang_0_5_23_engram_gather", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load()
 
 
 def gather_check(model, tables_by_layout, dev, lines, configs, n_tokens=8192):

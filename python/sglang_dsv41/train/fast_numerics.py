@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from sglang_dsv41.layers import moe as moe_layer
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.compressor import Compressor
-from sglang_dsv41.layers.engram import Engram
+from sglang_dsv41.layers.engram import Engram, gate_streams
 from sglang_dsv41.layers.mhc import sinkhorn
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.transformer import DeepseekV41, Head
@@ -190,17 +190,7 @@ def hc_mix(self: Block, site: str, streams: torch.Tensor):
 
 def engram_gate(streams, kv, q_weight, k_weight, eps, token_mask=None):
     """`layers.engram.engram_gate` with a plain mean square."""
-    n, hidden = streams.size(1), streams.size(2)
-    key, value = kv.split([n * hidden, hidden], dim=-1)
-    key = key.float().unflatten(-1, (n, hidden))
-    h = streams.float()
-    w = q_weight.float() * k_weight.float()
-    rstd = torch.rsqrt(mean_square(h)[..., 0] + eps) * torch.rsqrt(mean_square(key)[..., 0] + eps)
-    d = (h * w * key).sum(-1) * rstd * hidden**-0.5
-    gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
-    if token_mask is not None:
-        gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
-    return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)
+    return gate_streams(streams, kv, q_weight, k_weight, eps, token_mask, mean_square)
 
 
 def head(self: Head, h: torch.Tensor) -> torch.Tensor:
