@@ -24,9 +24,18 @@ DETERMINISTIC_ENV = "SGLANG_DSV41_DETERMINISTIC"
 ROW_TILE = 64
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def deterministic() -> bool:
-    """Whether SGLANG_DSV41_DETERMINISTIC asks for batch-invariant numerics ("1", "true")."""
-    return os.environ.get(DETERMINISTIC_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether SGLANG_DSV41_DETERMINISTIC asks for batch-invariant numerics. Any value outside
+    1/true/yes/on and unset/0/false/no/off raises ValueError naming the variable (checked at server
+    startup by `sglang.server_args.validate_flags`), never a silent default."""
+    raw = os.environ.get(DETERMINISTIC_ENV, "").strip().lower()
+    if raw not in _ON + _OFF:
+        raise ValueError(f"{DETERMINISTIC_ENV}={os.environ[DETERMINISTIC_ENV]!r}: expected one of 1, true, yes, on "
+                         f"(batch-invariant) or 0, false, no, off (default)")
+    return raw in _ON
 
 
 def row_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:

@@ -19,6 +19,10 @@ def test_env_values(monkeypatch):
         assert deterministic() is want
     monkeypatch.delenv(DETERMINISTIC_ENV)
     assert not deterministic()
+    for bad in ("maybe", "2", "enabled"):  # never silently off
+        monkeypatch.setenv(DETERMINISTIC_ENV, bad)
+        with pytest.raises(ValueError, match=DETERMINISTIC_ENV):
+            deterministic()
 
 
 @pytest.mark.parametrize("m", [0, 1, 63, 64, 65, 130])

@@ -124,6 +124,12 @@ def test_rejected_flags_name_the_flag(field, value, flag):
         validate_flags(SimpleNamespace(**{field: value}), on_cpu=True)
 
 
+def test_bad_deterministic_value_fails_at_startup(monkeypatch):
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "sometimes")
+    with pytest.raises(ValueError, match="SGLANG_DSV41_DETERMINISTIC='sometimes'"):
+        validate_flags(SimpleNamespace(), on_cpu=True)
+
+
 ENC = "--enable-encoder-swa-bounded-replay"
 
 

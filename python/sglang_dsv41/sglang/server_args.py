@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_dsv41.determinism import deterministic
+
 ARCHITECTURE = "DeepseekV41ForCausalLM"
 
 MODEL_ALIASES = {"deepseek-v4.1": "deepseek-ai/DeepSeek-V4.1-Flash"}
@@ -111,7 +113,8 @@ def resolve_decoder_replay(cfg: Any, raw: dict) -> bool | None:
 
 
 def validate_flags(cfg: Any, on_cpu: bool) -> None:
-    """Raise ValueError naming the first unsupported flag."""
+    """Raise ValueError naming the first unsupported flag (or a bad SGLANG_DSV41_DETERMINISTIC value)."""
+    deterministic()
     errors = _flag_errors(cfg, on_cpu)
     if errors:
         flag, why = errors[0]

@@ -29,6 +29,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+import requests
 import torch
 
 from sglang_dsv41.layers.transformer import DeepseekV41
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model.cfg
     client = ServerClient(a.server)
     prompts = random_prompts(a.prompts, a.prompt_len, cfg.vocab_size, a.seed)
-    groups = client.sample(prompts, a.n, a.max_new_tokens, temperature=a.temperature, routed_experts=not a.no_routing,
-                           layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
+    try:
+        groups = client.sample(prompts, a.n, a.max_new_tokens, temperature=a.temperature,
+                               routed_experts=not a.no_routing, layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
+    except requests.ConnectionError as e:
+        raise SystemExit(f"train.mismatch: cannot reach the SGLang server at {a.server} ({type(e).__name__})") from None
     results = measure(model, [r for g in groups for r in g], a.r3)
     line = asdict(results[a.r3])
     if a.r3:  # the unforced forward ran anyway (routing agreement): its logprob metrics too

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import requests
 import torch
 from tqdm import tqdm
 
@@ -351,7 +352,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(a.seed)
     if a.threads:
         torch.set_num_threads(a.threads)
-    log = run(a)
+    try:
+        log = run(a)
+    except requests.ConnectionError as e:
+        raise SystemExit(f"train.rl: cannot reach the SGLang server at {a.server} ({type(e).__name__}); "
+                         f"start it first (benchmark/rl_run.sh shows the launch line)") from None
     last = log[-1]
     print(json.dumps({"steps": len(log), "reward_last": last["reward"], "heldout_last": last["heldout"],
                       "kl_max": max((r.get("kl_max") or 0) for r in log)}))

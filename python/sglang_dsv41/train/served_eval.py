@@ -55,7 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.n < 1:
         ap.error("--n must be >= 1")
-    print(json.dumps(evaluate(a.server, a.model, a.level, a.n, a.seed, a.max_tokens, a.workers)))
+    if a.level not in task.RANGES:
+        ap.error(f"--level must be one of {sorted(task.RANGES)}")
+    if a.workers < 1 or a.max_tokens < 1:
+        ap.error("--workers and --max-tokens must be >= 1")
+    try:
+        result = evaluate(a.server, a.model, a.level, a.n, a.seed, a.max_tokens, a.workers)
+    except requests.ConnectionError as e:
+        raise SystemExit(f"served_eval: cannot reach the SGLang server at {a.server} ({type(e).__name__})") from None
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
