@@ -17,8 +17,8 @@ unless --no-graph.
 --check (CUDA): host syncs of one step (torch.cuda.set_sync_debug_mode) for the eager and the
   fixed-shape step, and graph replay vs the eager fixed-shape step vs the eager step, bitwise, over
   a short real prefill + decode.
---profile (CUDA): torch.profiler of one graph replay and one eager fixed-shape step per sweep batch:
-  the ops with the most device time.
+--profile (CUDA): torch.profiler of one graph replay and one eager fixed-shape step per sweep batch,
+  and (end to end) of one prompt's prefill: the ops with the most device time.
 Everything printed is also written to <results-dir>/<date>-<device>-decode-graph.md (with --sweep /
 --check / --profile) or appended to <date>-<device>-driver.md, with the date, device and command.
 """
@@ -309,6 +309,19 @@ def e2e(a, model, table, calls, dev, ceil, name) -> None:
         f"{ms:.2f} | {d_floor:.2f} | {st['decode_tok_s']:.1f} | {st['graph_s']:.2f} | {peak:.1f} | {used or 'none'} |")
     if a.tokens_out:
         Path(a.tokens_out).write_text(json.dumps({"prompts_seed": a.seed, "tokens": new}))
+    if a.profile and dev == "cuda":  # what limits prefill: one prompt's chunked prefill (+ its first token)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            drv.generate(prompts[:1], 1, a.chunk)
+            sync(dev)
+        total, rows = top_ops(prof)
+        say(f"\nProfile, prefill of one {a.prompt_len}-token prompt: {total:.2f} ms of device time in all; "
+            "top ops by self device time:\n")
+        say("| op / kernel | calls | ms | share |")
+        say("|---|---|---|---|")
+        for name_, calls_, ms_ in rows:
+            say(f"| `{name_.replace('|', '/')}` | {calls_} | {ms_:.3f} | {ms_ / max(total, 1e-9):.0%} |")
 
 
 def main() -> None:

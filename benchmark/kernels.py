@@ -15,12 +15,23 @@ batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, 
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
 bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows).
+
+    python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
+
+--targets: only the rows of issue 10's targets table, each beside its baseline and ceiling measured in
+the same run, no launch-config sweeps and no twin timings: fp8_linear at M = 8192 / 8 (wq_a, wo_b,
+shared w1) vs bf16 F.linear; the grouped MoE at 8192 tokens x top-6 (E = 16 / 256) vs bf16 GEMMs of
+equal FLOPs; sparse attention prefill (8192 rows) and decode (batch 64), 128 window + 512 compressed
+keys; index scores 64 x 64K; the three cache stores at n = 8192; Engram gather from an HBM table.
+--json: one record per target row (row, name, shape, us, value, unit, baseline, ceiling, fraction,
+target, met), the input of benchmark/targets_report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +49,7 @@ from sglang_dsv41.quant import index_fp4_pack, index_fp4_stage1, kv_fp4_pack, wi
 DEV = "cuda"
 D, H, HID, DI, HI, W, TOPK = 512, 64, 5120, 128, 32, 128, 512
 ROWS: list[dict] = []
+TARGETS: list[dict] = []  # one record per issue-10 target row (see target())
 
 
 def bench(fn, rep=60) -> float:
@@ -88,6 +100,16 @@ def record(name, shape, t, nbytes, flops, twin_t=None, note=""):
     print(f"{name:28s} {shape:34s} {r['us']:10.1f} us {r['tbs']:6.2f} TB/s {r['tfs']:7.1f} TF/s twin {twin} {note}", flush=True)
 
 
+def target(row, name, shape, t, value, unit, baseline, ceiling, fraction, goal, met) -> None:
+    """One issue-10 target record. row: the targets-table row it belongs to (e.g. "fp8_gemm_m8192");
+    t: seconds per call; value/unit: the number the target is stated in; baseline/ceiling: text
+    with the numbers measured in this run; fraction: achieved / ceiling (0..1); goal: the target text."""
+    TARGETS.append(dict(row=row, name=name, shape=shape, us=t * 1e6, value=value, unit=unit, baseline=baseline,
+                        ceiling=ceiling, fraction=fraction, target=goal, met=bool(met)))
+    print(f"TARGET {row:22s} {shape:36s} {value:10.3f} {unit:14s} {fraction:6.1%} of ceiling; target {goal}: "
+          f"{'met' if met else 'missed'}", flush=True)
+
+
 def timed(name, shape, op, args, nbytes, flops, twin=True, note="", twin_rep=20, sets=None, **kw):
     """`args` is one argument tuple, or (with `sets`) a list of tuples rotated inside the graph."""
     arg_sets = sets or [args]
@@ -130,7 +152,7 @@ def store_mismatch(fn, args, want, pool_arg=None, slots=None) -> int:
     return int((a[pool_arg][slots] != want).any(-1).sum())
 
 
-def case_stores():
+def case_stores(targets_only: bool = False):
     """Cache stores and index_query_quant at prefill n = 8192 and decode n = 64. At n = 8192 also the
     (rows, warps) sweep, segment lengths, and the portable encoders (no hardware conversions / PTX), each
     checked against the twin (note: rows that differ). index_query_quant is timed twice: the registered
@@ -138,7 +160,7 @@ def case_stores():
     from dsv41_kernels import cache_store_triton as cst
 
     R = 8  # input sets rotated per graph replay (8 x 15 MB > L2 at n = 8192)
-    for n in (8192, 64):
+    for n in ((8192,) if targets_only else (8192, 64)):
         wgt = torch.rand(D, device=DEV).bfloat16()
         pool = torch.zeros(R * 8192, D + D // 32, dtype=torch.uint8, device=DEV)
         cpool = torch.zeros(R * 8192, D // 2 + D // 16, dtype=torch.uint8, device=DEV)
@@ -158,6 +180,8 @@ def case_stores():
             ("query quant", ops.index_query_quant, cst.index_query_quant_triton,
              [(q, c, s_) for q, (_, c, s_, _) in zip(qs, ins)], None, n * (HI * DI * 2 * 2 + 2 * 4 * 32)),
         ]
+        if targets_only:
+            cases = [c for c in cases if c[4] is not None]  # the three cache stores
         for name, op, fn, sets, pa, io in cases:
             shape = f"n={n}" if pa is not None else f"t={n} x {HI}x{DI}"
             if pa is not None:
@@ -169,9 +193,14 @@ def case_stores():
                 want = op.torch(*sets[0])
             bad = store_mismatch(fn, sets[0], want, pa, slots)
             t = bench_graph([lambda a=a: fn(*a) for a in sets])
-            tt = bench(lambda: op.torch(*sets[0]), rep=20)
+            tt = None if targets_only else bench(lambda: op.torch(*sets[0]), rep=20)
             record(op.name if pa is not None else "index_query_quant (new)", shape, t, io, 0, tt,
                    note=f"{bad} rows differ from the twin")
+            if targets_only:
+                frac = io / t / PEAK_BW
+                target("cache_stores", op.name, shape, t, 100 * frac, "% of HBM", "-",
+                       f"HBM copy {PEAK_BW / 1e12:.2f} TB/s", frac, ">= 80% of HBM", frac >= 0.8)
+                continue
             if pa is None:
                 told = bench_graph([lambda a=a: op.triton(*a) for a in sets])
                 record("  registered (indexer_triton)", shape, told, io, 0, note=f"new is {told / t:.2f}x faster")
@@ -211,16 +240,23 @@ def paged_table(t, n, rows, page=128):
     return (pages[:, :, None] * page + torch.arange(page, device=DEV)).view(t, -1)[:, :n].contiguous()
 
 
-def case_indexer():
+def case_indexer(targets_only: bool = False):
     # index_scores: fp8 kernel (default) vs the previous bf16 kernel; at t=64 / 64K also a paged slot table
     # (the serving layout: 68 B rows back to back; the random table reads 3 x 32 B sectors per 68 B row),
     # an int32 table, and a launch sweep (block_n, warps, stages, block_n-steps per program, register cap)
-    for t, n in ((64, 65536), (64, 16384), (64, 2048), (1, 65536)):
+    for t, n in ((64, 65536),) if targets_only else ((64, 65536), (64, 16384), (64, 2048), (1, 65536)):
         q, w, pool, table = index_inputs(t, n)
         nbytes = t * n * (68 + 8 + 4) + t * HI * (DI + 1) * 2
         flops = 2 * t * n * HI * DI
         note = (f"MMA floor {flops / PEAK_FLOPS * 1e6:.1f} us, HBM floor {nbytes / PEAK_BW * 1e6:.1f} us "
                 f"({(nbytes + t * n * 28) / PEAK_BW * 1e6:.1f} us in 32 B sectors of random slots)")
+        if targets_only:
+            t8 = timed("index_scores", f"t={t} visible={n}", ops.index_scores, (q, w, pool, table), nbytes, flops,
+                       twin=False, note=note)
+            frac = nbytes / PEAK_BW / t8
+            target("index_scores", "index_scores", f"t={t} visible={n}", t8, 100 * frac, "% of HBM floor", "-",
+                   f"HBM floor {nbytes / PEAK_BW * 1e6:.1f} us", frac, ">= 50% of HBM floor", frac >= 0.5)
+            return
         ref = ops.index_scores.torch(q, w, pool, table)
         note += f"; {differ(ops.index_scores.triton(q, w, pool, table), ref)} of {t * n} differ from the twin"
         t8 = timed("index_scores", f"t={t} visible={n}", ops.index_scores, (q, w, pool, table), nbytes, flops,
@@ -273,8 +309,10 @@ def case_indexer():
         timed("candidate_blocks", f"t={t} n={n} top-2048/8", ops.candidate_blocks, (s, vis, 2048, 8), t * n * 5, 0)
 
 
-def case_attention():
-    for t, ctx in ((1, 32768), (16, 32768), (64, 32768), (64, 4096), (64, 131072), (256, 32768), (8192, 32768)):
+def case_attention(targets_only: bool = False):
+    shapes = ((64, 32768), (8192, 32768)) if targets_only else \
+        ((1, 32768), (16, 32768), (64, 32768), (64, 4096), (64, 131072), (256, 32768), (8192, 32768))
+    for t, ctx in shapes:
         wpool = window_kv_pack(torch.randn(max(t * W, 4096), D, device=DEV).bfloat16())
         cpool = kv_fp4_pack(torch.randn(min(ctx, 65536) * max(1, min(t, 4)), D, device=DEV).bfloat16())
         q = torch.randn(t, H, D, device=DEV).bfloat16()
@@ -287,9 +325,18 @@ def case_attention():
         flops = 4 * t * H * D * keys
         args = (q, wpool, ws, cpool, cs, sink, D**-0.5)
         note = f"MMA floor {flops / PEAK_FLOPS * 1e6:.1f} us, HBM floor {nbytes / PEAK_BW * 1e6:.1f} us"
-        timed("sparse_attention_paged", f"t={t} ctx={ctx} 128+512", ops.sparse_attention_paged, args, nbytes, flops,
-              twin=t <= 256, note=note)
-        if t in (1, 64) and ctx == 32768:
+        ta = timed("sparse_attention_paged", f"t={t} ctx={ctx} 128+512", ops.sparse_attention_paged, args, nbytes, flops,
+                   twin=t <= 256 and not targets_only, note=note)
+        if targets_only and t >= 4096:  # prefill: TFLOP/s against the MMA ceiling
+            tfs = flops / ta / 1e12
+            target("attention_prefill", "sparse_attention_paged", f"t={t} 128+512 keys", ta, tfs, "TFLOP/s", "-",
+                   f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s", tfs * 1e12 / PEAK_FLOPS, ">= 250 TFLOP/s", tfs >= 250)
+        elif targets_only:  # decode: the larger of the MMA and HBM floors over the time
+            floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BW)
+            target("attention_decode", "sparse_attention_paged", f"t={t} 128+512 keys", ta, 100 * floor / ta,
+                   "% of roofline", "-", f"roofline {floor * 1e6:.1f} us (MMA {flops / PEAK_FLOPS * 1e6:.1f}, "
+                   f"HBM {nbytes / PEAK_BW * 1e6:.1f})", floor / ta, ">= 30% of roofline", floor / ta >= 0.3)
+        if t in (1, 64) and ctx == 32768 and not targets_only:
             for cfg in ((16, 1, 8), (32, 1, 8), (32, 2, 8), (32, 4, 8)):
                 try:
                     tc = bench_graph([lambda: ops.sparse_attention_paged.triton(*args, config=cfg)])
@@ -308,7 +355,7 @@ def load_sglang_gather():
     return mod
 
 
-def case_engram():
+def case_engram(targets_only: bool = False):
     rows = 32 << 20  # 32M rows x 264 B = 8.9 GB: far larger than L2
     w = torch.randint(0, 256, (rows, 256), dtype=torch.uint8, device=DEV)
     w[(w & 0x7F) == 0x7F] = 0
@@ -317,7 +364,16 @@ def case_engram():
     ids = torch.randint(0, rows, (8192, 24), device=DEV)
     n = ids.numel()
     nbytes = n * (264 + 8 + 512)
-    t = timed("engram_gather", "8192x24 rows, HBM table", ops.engram_gather, (w, s, ids), nbytes, 0)
+    t = timed("engram_gather", "8192x24 rows, HBM table", ops.engram_gather, (w, s, ids), nbytes, 0, twin=not targets_only)
+    if targets_only:  # baseline: SGLang 0.5.23's own gather on the same inputs, when its file is there
+        floor, sg, base = nbytes / PEAK_BW, load_sglang_gather(), "SGLang 0.5.23 gather: not available (.whl file missing)"
+        if sg is not None:
+            out, flat = torch.empty(n, 256, dtype=torch.bfloat16, device=DEV), ids.view(-1)
+            ts = bench_graph([lambda: sg.engram_gather(w.data_ptr(), s.data_ptr(), flat, out, 256, 32)])
+            base = f"SGLang 0.5.23 gather {ts * 1e6:.1f} us"
+        target("engram_gather", "engram_gather", "8192x24 rows, HBM table", t, t * 1e6, "us", base,
+               f"HBM floor {floor * 1e6:.1f} us", floor / t, "<= 40 us", t * 1e6 <= 40)
+        return
     for br, nw in ((16, 4), (32, 8)):
         tb = bench_graph([lambda: ops.engram_gather.triton(w, s, ids, block_r=br, num_warps=nw)])
         record("  gather variant", f"block_r={br} warps={nw}", tb, nbytes, 0)
@@ -375,7 +431,7 @@ GEMM_VARIANTS = ((64, 16, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4)
                  (64, 256, 8, 3))  # (BM, BN, num_warps, num_stages) tried on the w1 shapes
 
 
-def case_gemm():
+def case_gemm(targets_only: bool = False):
     """fp8_linear (dense W8A8) and fp4_linear (routed-expert W4A8) at V4.1-Flash shapes, each against a
     plain bf16 F.linear of the same shape. Decode sizes rotate enough weight copies to exceed L2."""
     fp8_shapes = {"wq_a": (1280, HID), "wkv": (D, HID), "wq_b": (H * D, 1280), "wo_b": (HID, 8 * 1024),
@@ -383,6 +439,8 @@ def case_gemm():
     fp4_shapes = {"expert w1": (2304, HID), "expert w2": (HID, 2304)}
     cases = [("fp8", name, nk, m) for name, nk in fp8_shapes.items() for m in (8, 64, 8192)]
     cases += [("fp4", name, nk, m) for name, nk in fp4_shapes.items() for m in (8, 512, 4096)]
+    if targets_only:
+        cases = [("fp8", name, fp8_shapes[name], m) for name in ("wq_a", "wo_b", "shared w1") for m in (8192, 8)]
     for kind, name, (n, k), m in cases:
         op = ops.fp8_linear if kind == "fp8" else ops.fp4_linear
         wbytes = (n * k if kind == "fp8" else n * k // 2) + n * k // 32
@@ -399,9 +457,17 @@ def case_gemm():
         tb = bench_graph([lambda a=a, b=b: torch.nn.functional.linear(a, b) for a, b in zip(xb, wb)])
         del xb, wb
         note = f"bf16 F.linear {tb * 1e6:.1f} us ({flops / tb / 1e12:.0f} TF/s)"
-        t = timed(f"{kind}_linear", shape, op, sets[0], nbytes, flops, twin=m <= 64, sets=sets, note=note)
+        t = timed(f"{kind}_linear", shape, op, sets[0], nbytes, flops, twin=m <= 64 and not targets_only, sets=sets,
+                  note=note)
         ROWS[-1]["note"] = f"{note}; ours at {tb / t:.2f}x its speed"
-        if name in ("shared w1", "expert w1"):
+        if targets_only and m > 512:
+            target("fp8_gemm_m8192", "fp8_linear", shape, t, tb / t, "x bf16", f"bf16 F.linear {tb * 1e6:.1f} us",
+                   f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s", flops / t / PEAK_FLOPS, ">= 1.0x bf16", tb / t >= 1.0)
+        elif targets_only:
+            floor = nbytes / PEAK_BW
+            target("fp8_gemm_m8", "fp8_linear", shape, t, tb / t, "x bf16", f"bf16 F.linear {tb * 1e6:.1f} us",
+                   f"HBM floor {floor * 1e6:.1f} us", floor / t, ">= 0.8x bf16", tb / t >= 0.8)
+        if name in ("shared w1", "expert w1") and not targets_only:
             for cfg in GEMM_VARIANTS:
                 try:
                     tv = bench_graph([lambda a=a, c=cfg: op.triton(*a, config=c) for a in sets])
@@ -422,7 +488,7 @@ MOE_VARIANTS = ((64, 32, 32, 4, 4), (64, 64, 64, 4, 4), (64, 64, 128, 4, 4), (64
                 (64, 32, 64, 4, 3))  # (BM, BN w1/w3, BN w2, num_warps, num_stages)
 
 
-def case_moe():
+def case_moe(targets_only: bool = False):
     """Grouped W4A8 MoE (`moe_experts`: routing sort + 2 launches over all experts, activation quant
     included) at V4.1 expert shapes (hidden 5120, inter 2304, top-6), E = 16 (bench preset) and 256
     (release), against (a) the per-expert loop it replaces (unique().tolist(), then per expert a row
@@ -436,7 +502,7 @@ def case_moe():
         w3, s3 = expert_weights(n_exp, inter, HID)
         w2, s2 = expert_weights(n_exp, HID, inter)
         per_expert = 3 * inter * HID // 2 + 3 * inter * HID // 32
-        for t in (8, 64, 8192):
+        for t in ((8192,) if targets_only else (8, 64, 8192)):
             x = torch.randn(t, HID, device=DEV).bfloat16()
             ids = torch.rand(t, n_exp, device=DEV).topk(k6, dim=-1).indices
             wts = torch.rand(t, k6, device=DEV)
@@ -464,7 +530,7 @@ def case_moe():
                     y[rows] += ops.fp4_linear.triton(h.bfloat16(), w2[e], s2[e]).float()
                 return y
 
-            tl_ = bench(loop, rep=20 if t <= 64 else 5)
+            tl_ = float("nan") if targets_only else bench(loop, rep=20 if t <= 64 else 5)
             xb = torch.randn(r, HID, device=DEV).bfloat16()
             hb = torch.randn(r, inter, device=DEV).bfloat16()
             wb1 = torch.randn(2 * inter, HID, device=DEV).bfloat16()
@@ -473,7 +539,11 @@ def case_moe():
             record("moe_experts (grouped)", f"E={n_exp} T={t} top-6", tg, nbytes, flops,
                    note=f"{note}; per-expert loop {tl_ * 1e6:.0f} us ({tl_ / tg:.1f}x slower); bf16 dense GEMMs of equal "
                         f"FLOPs {tb * 1e6:.1f} us: ours at {tb / tg:.2f}x their speed; HBM floor {nbytes / PEAK_BW * 1e6:.1f} us")
-            if t in (8, 8192) and n_exp == 16:
+            if targets_only:
+                target("moe_grouped", "moe_experts", f"E={n_exp} T={t} top-6", tg, tb / tg, "x bf16",
+                       f"bf16 GEMM pair of equal FLOPs {tb * 1e6:.1f} us", f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s",
+                       flops / tg / PEAK_FLOPS, ">= 0.6x bf16", tb / tg >= 0.6)
+            if t in (8, 8192) and n_exp == 16 and not targets_only:
                 ref = moe_experts_triton(*args).view(torch.int16)
                 for cfg in MOE_VARIANTS:
                     try:
@@ -527,7 +597,21 @@ def write_md(path: str, bw: float, fl: float, header: str) -> None:
         lines.append(f"| {r['name'].strip()} | {r['shape']} | {r['us']:.1f} | {r['bytes'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} | "
                      f"{r['tbs']:.2f} | {100 * r['tbs'] * 1e12 / bw:.0f} | {r['tfs']:.1f} | {100 * r['tfs'] * 1e12 / fl:.1f} | "
                      f"{twin} | {r['note']} |")
+    if TARGETS:
+        lines += ["", "Issue-10 target rows:", "",
+                  "| row | kernel | shape | us | value | baseline | ceiling | % of ceiling | target | met |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['row']} | {r['name']} | {r['shape']} | {r['us']:.1f} | {r['value']:.3g} {r['unit']} | {r['baseline']} | "
+                  f"{r['ceiling']} | {100 * r['fraction']:.1f} | {r['target']} | {'yes' if r['met'] else 'no'} |" for r in TARGETS]
+    if FAILED:
+        lines += ["", *(f"Part {k} failed: {v}" for k, v in FAILED.items())]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def write_json(path: str, header: str) -> None:
+    """{"device": header, "ceilings": {...}, "failed": {part: error}, "targets": [target records]}."""
+    Path(path).write_text(json.dumps({"device": header, "ceilings": {"hbm_tb_s": PEAK_BW / 1e12,
+                                      "mma_tflops": PEAK_FLOPS / 1e12}, "failed": FAILED, "targets": TARGETS}, indent=1))
 
 
 def main() -> None:
@@ -535,7 +619,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--only", default="stores,indexer,attention,engram,gemm,moe,layers")
+    ap.add_argument("--targets", action="store_true", help="only issue 10's target rows (gemm, moe, attention, "
+                    "indexer, stores, engram), beside baseline and ceiling; no sweeps, no twin timings")
+    ap.add_argument("--json", default="", help="with --targets: write the target records here")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmark/kernels.py needs a CUDA device (torch.cuda.is_available() is False)")
+    parts = "gemm,moe,attention,indexer,stores,engram" if a.targets else a.only
     props = torch.cuda.get_device_properties(0)
     header = f"Device: {props.name}, {props.total_memory >> 20} MiB, {props.multi_processor_count} SMs; torch {torch.__version__}"
     import triton
@@ -544,22 +634,27 @@ def main() -> None:
     print(header, flush=True)
     PEAK_BW, PEAK_FLOPS = ceilings()
     print(f"ceilings: copy {PEAK_BW / 1e12:.2f} TB/s, bf16 mm {PEAK_FLOPS / 1e12:.0f} TFLOP/s", flush=True)
-    for part in a.only.split(","):
+    for part in parts.split(","):
         t0 = time.time()
         try:
-            {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
-             "gemm": case_gemm, "moe": case_moe, "layers": case_layers}[part]()
+            fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
+                  "gemm": case_gemm, "moe": case_moe, "layers": case_layers}[part]
+            fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
 
             traceback.print_exc()
             print(f"part {part} failed: {type(e).__name__}: {e}", flush=True)
+            FAILED[part] = f"{type(e).__name__}: {str(e)[:300]}"
         print(f"[{part}: {time.time() - t0:.0f} s]", flush=True)
         torch.cuda.empty_cache()
+        if a.json:  # after every part, so that a timeout keeps what was measured
+            write_json(a.json, header)
     if a.out:
         write_md(a.out, PEAK_BW, PEAK_FLOPS, header)
 
 
 PEAK_BW = PEAK_FLOPS = 1.0
+FAILED: dict[str, str] = {}  # part -> error text
 if __name__ == "__main__":
     main()
