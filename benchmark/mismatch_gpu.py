@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32, help="random prompt length (without --task-level)")
     ap.add_argument("--task-level", type=int, default=None, help="chat-rendered arithmetic prompts of this level")
+    ap.add_argument("--prompt-ids", default=None, help="JSON file {'prompts': [[ids...], ...], 'stop_id': int, "
+                    "'source': str}: prompts rendered elsewhere (e.g. --render-task-level on a machine with "
+                    "deepseek-recipe)")
+    ap.add_argument("--render-task-level", type=int, default=None, help="only write --prompt-ids: the chat-rendered "
+                    "level-N test problems (--prompts of them), then exit")
     ap.add_argument("--new", type=int, default=24, help="sampled tokens per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -122,7 +127,26 @@ def main(argv: list[str] | None = None) -> None:
     cfg_model = load_model(path, device=a.device, progress=False)
     cfg = cfg_model.cfg
     stop_id = None
-    if a.task_level is not None:
+    if a.render_task_level is not None:
+        from sglang_dsv41.train import task
+
+        if not a.prompt_ids:
+            ap.error("--render-task-level needs --prompt-ids FILE to write")
+        renderer = task.ChatRenderer(path)
+        probs = task.problems(a.render_task_level, a.prompts, "test", seed=a.seed)
+        Path(a.prompt_ids).write_text(json.dumps({
+            "prompts": [renderer.prompt(p.question) for p in probs], "stop_id": renderer.eos_id,
+            "source": f"{a.prompts} chat-rendered level-{a.render_task_level} test problems (task generator "
+                      f"v{task.GENERATOR_VERSION}, seed {a.seed})"}))
+        print(f"wrote {a.prompt_ids}")
+        return
+    source = None
+    if a.prompt_ids:
+        spec = json.loads(Path(a.prompt_ids).read_text())
+        prompts, stop_id, source = spec["prompts"], spec.get("stop_id"), spec.get("source", a.prompt_ids)
+        if not prompts or any(not p or max(p) >= cfg.vocab_size or min(p) < 0 for p in prompts):
+            ap.error(f"--prompt-ids: every prompt must be a non-empty list of ids in [0, {cfg.vocab_size})")
+    elif a.task_level is not None:
         from sglang_dsv41.train import task
 
         renderer = task.ChatRenderer(path)
@@ -160,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             tv = f", triton {triton.__version__}"
         except ImportError:
             tv = ""
-        prompt_desc = (f"{a.prompts} chat-rendered level-{a.task_level} test problems" if a.task_level is not None
+        prompt_desc = source or (f"{a.prompts} chat-rendered level-{a.task_level} test problems" if a.task_level is not None
                        else f"{a.prompts} random prompts of {a.prompt_len} tokens")
         text = [f"# Train/serve mismatch: trainer vs the offline driver, {datetime.date.today()}, {dev_name}", "",
                 f"- command: `python benchmark/mismatch_gpu.py {shlex.join(sys.argv[1:] if argv is None else argv)}`",
