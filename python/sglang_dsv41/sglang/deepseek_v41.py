@@ -2,8 +2,9 @@
 
 SGLang owns scheduling, the radix cache, the token/request allocators and sampling; this class owns
 the math: our `DeepseekV41` parameters (named as the checkpoint), our paged `KVPools` (indexed by
-SGLang's token slots, allocated at the first forward from the sizes of SGLang's pools) and the
-engine-agnostic `Runtime`. Logits are the runtime's fp32 logits, handed to SGLang unchanged.
+SGLang's token slots; allocated at load from the sizes of SGLang's pools, which SGLang sized from our
+bytes per token: kv_budget.py) and the engine-agnostic `Runtime`. Logits are the runtime's fp32 logits,
+handed to SGLang unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
-from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
 from dsv41_kernels.op_table import OpTable
 from sglang_dsv41.checkpoint.io import CheckpointError, check_headers, check_tensors
@@ -163,22 +164,24 @@ class DeepseekV41ForCausalLM(nn.Module):
         return None
 
     # ------------------------------------------------------------------ pools
-    def _ensure_runtime(self, fb) -> Runtime:
-        if self.runtime is None:
-            kv = get_token_to_kv_pool()
-            page = int(getattr(kv, "page_size", 1))
-            num_slots = int(kv.size) + page
-            req_to_token = get_req_to_token_pool().req_to_token
-            num_req_slots = int(req_to_token.shape[0])
-            device = fb.input_ids.device
-            replay = swa_replay_modes()
-            pools = KVPools(self.cfg, num_slots, num_req_slots, device, window_rings=replay.encoder)
-            self.runtime = Runtime(self.model, pools, self.ops, decoder_replay=replay.decoder)
-            self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
-            self.store = TokenStore(num_slots, device)
-            logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
-                                               self.engram_host, replay))
-        return self.runtime
+    def allocate_pools(self, kv_pool, req_to_token_pool) -> None:
+        """Allocate our `KVPools`, the token store and the runtime at load, once SGLang has built its
+        pools (kv_budget.allocate_at_load): one slot per SGLang token slot (`kv_pool.size + page`),
+        one pending ratio-2 state (and, with encoder replay, one window ring) per `req_to_token` row.
+        SGLang's `max_total_num_tokens` was sized from these bytes (kv_budget.size_from_our_bytes)."""
+        from sglang_dsv41.sglang.kv_budget import generic_pool_facts
+
+        page = int(getattr(kv_pool, "page_size", 1))
+        num_slots = int(kv_pool.size) + page
+        req_to_token = req_to_token_pool.req_to_token
+        num_req_slots = int(req_to_token.shape[0])
+        replay = swa_replay_modes()
+        pools = KVPools(self.cfg, num_slots, num_req_slots, self.device, window_rings=replay.encoder)
+        self.runtime = Runtime(self.model, pools, self.ops, decoder_replay=replay.decoder)
+        self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
+        self.store = TokenStore(num_slots, self.device)
+        logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
+                                           self.engram_host, replay, generic_pool_facts(kv_pool)))
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -187,7 +190,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         if fb.forward_mode.is_idle() or fb.batch_size == 0 or input_ids.numel() == 0:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size, device=input_ids.device))
         self._check_ids(input_ids, fb)
-        runtime = self._ensure_runtime(fb)
+        runtime = self.runtime
+        if runtime is None:
+            raise RuntimeError("DeepseekV41ForCausalLM: KV pools not allocated; SGLang's KVCacheConfigurator.configure "
+                               "hook (kv_budget.allocate_at_load) did not run")
         meta = LogitsMetadata.from_forward_batch(fb)
         if fb.forward_mode.is_decode():
             plan = plan_logits([1] * fb.batch_size, None, input_ids.device)

@@ -2,10 +2,10 @@
 
 Each entry of `HOOKS` names the SGLang object it touches and why; `install()` applies them and
 `test/sglang/test_hooks.py` fails loudly when a target moves. Public plugin APIs (resolution-hook and
-model-override registries, HookRegistry) are preferred. HookRegistry wraps plain functions in three
-places (the architecture rewrite, the `/generate` contract check and the scheduler's admission check),
-methods of the OpenAI serving classes and the tokenizer manager for request validation (validation.py
-holds the rules), and the only writes into SGLang tables are the CPU host allocator and the HTTP app's
+model-override registries, HookRegistry) are preferred. HookRegistry wraps plain functions in four
+places (the architecture rewrite, the `/generate` contract check, the scheduler's admission check and the
+pool-configurator factory), methods of the OpenAI serving classes and the tokenizer manager for request
+validation (validation.py holds the rules) and of KVCacheConfigurator for the KV budget (kv_budget.py), and the only writes into SGLang tables are the CPU host allocator and the HTTP app's
 error handlers (through FastAPI's `add_exception_handler`).
 """
 
@@ -105,6 +105,14 @@ HOOKS = (
          "AROUND hook: `/update_weights_from_disk` into our model is checked from the safetensors headers "
          "first (DeepseekV41ForCausalLM.weight_update_error) and refused with a 400; SGLang's rollback after "
          "a failed load re-reads the same path, which failed again and ended the scheduler."),
+    Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
+         "AROUND hook (kv_budget.py): for our model the generic MHA pool is SGLang's NoOpMHATokenToKVPool "
+         "(no per-token bytes); the platform's get_kv_pool_cls seam, applied for our model on every device."),
+    Hook("sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator",
+         "AFTER hook (kv_budget.py): for our model the pool configurator sizes max_total_num_tokens from our "
+         "bytes per token slot (KVPools + token store + the generic pool's 0) and our fixed bytes."),
+    Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure",
+         "AFTER hook (kv_budget.py): our KVPools are allocated at load, from the sizes of SGLang's pools."),
 )
 
 
@@ -448,6 +456,14 @@ def skip_encoder_replay_forward(original, worker, batch, *args, **kwargs):
     return original(worker, batch, *args, **kwargs)
 
 
+def _install_kv_budget() -> None:
+    from sglang_dsv41.sglang import kv_budget
+
+    _register("._resolve_kv_pool_class", kv_budget.use_no_op_generic_pool, "AROUND")
+    _register(".create_memory_pool_configurator", kv_budget.size_from_our_bytes, "AFTER")
+    _register("KVCacheConfigurator.configure", kv_budget.allocate_at_load, "AFTER")
+
+
 def _front_end_process() -> bool:
     """The process that serves HTTP and owns the tokenizer manager (the launcher, or an Engine's process).
     SGLang's scheduler, detokenizer and DP controller are its multiprocessing children."""
@@ -467,6 +483,7 @@ def install() -> None:
     _register(".update_weights_from_disk", check_weight_update, "AROUND")
     _register(".swa_reprefill_tail_tokens", cap_match_for_decoder_replay, "AFTER")
     _register(".run_encoder_swa_replay", skip_encoder_replay_forward, "AROUND")
+    _install_kv_budget()
     _install_cpu_host_alloc()
     if _front_end_process():
         _install_request_validation()

@@ -8,9 +8,10 @@ from sglang_dsv41.runtime.pools import KVPools
 
 
 def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_size: int, max_context: int,
-                   engram_host=None, replay=None) -> str:
+                   engram_host=None, replay=None, generic_pool=None) -> str:
     """`engram_host`: the `EngramHostPlacement` when the Engram tables live in host memory (its block
-    follows). `replay`: the resolved `ReplayModes` (None: both off)."""
+    follows). `replay`: the resolved `ReplayModes` (None: both off). `generic_pool`: (class name, bytes
+    per token slot, fixed bytes) of SGLang's generic KV pool as allocated (kv_budget.generic_pool_facts)."""
     rings = bool(replay and replay.encoder)
     b = KVPools.bytes_per_token(cfg, window_rings=rings)
     W = cfg.attention.window_size
@@ -43,6 +44,9 @@ def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_si
         f"(per GiB: {int(2**30 // slots_b)} vs {int(2**30 // rings_b)})",
         f"  max context tokens: {max_context}",
     ]
+    if generic_pool is not None:
+        name, per_token, fixed = generic_pool
+        lines.append(f"  SGLang generic KV pool ({name}, never read): {per_token:g} B per token slot, {fixed} B fixed")
     if engram_host is not None:
         lines += engram_host.report_lines(b["total"])
     return "\n".join(lines)
