@@ -16,6 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from sglang_dsv41.sglang.cuda_graphs import cuda_graphs_off_step
 from sglang_dsv41.sglang.server_args import REPLAY_WINDOW, ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
 from sglang_dsv41.sglang.validation import (
     OFF_LOOP_TOKENIZE_CHARS,
@@ -53,8 +54,11 @@ HOOKS = (
          "wraps step handle_model_source_paths: `--model deepseek-v4.1-tiny` becomes the generated "
          "checkpoint dir (served under the alias) and `deepseek-v4.1` the hub id, before any download."),
     Hook("sglang.srt.arg_groups.resolution_hooks._OVERRIDABLE_HOOKS",
-         "the step names we wrap (handle_model_source_paths, handle_missing_default_values) must stay "
-         "overridable."),
+         "the step names we wrap (handle_model_source_paths, handle_missing_default_values, "
+         "handle_cuda_graph_config) must stay overridable."),
+    Hook("sglang.srt.arg_groups.cuda_graph_hook.handle_cuda_graph_config",
+         "resolution step we wrap (cuda_graphs.py): for our model on CUDA both graph phases are disabled "
+         "(the adapter's forward is not capture-safe) and flags that act only through capture are rejected."),
     Hook("sglang.srt.arg_groups.model_override_base.register_model_override",
          "per-architecture provider for DeepseekV41ForCausalLM: page size 64 when unset, even page sizes "
          "only, and startup errors naming rejected flags (server_args.py)."),
@@ -437,6 +441,7 @@ def _install_server_arg_hooks() -> None:
 
     register_resolution_hook("handle_model_source_paths")(resolve_alias_step)
     register_resolution_hook("handle_missing_default_values")(cpu_device_step)
+    register_resolution_hook("handle_cuda_graph_config")(cuda_graphs_off_step)
     register_model_override(ARCHITECTURE)(v41_overrides)
 
 
