@@ -14,8 +14,7 @@ window 128, top-512, contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 p
 batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, shared expert at
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
-bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows);
-`--only moe_decode`: the grouped MoE's launch-config sweep at T = 1 / 8 / 64 (benchmark/moe_decode.py).
+bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows).
 
     python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
 
@@ -559,14 +558,6 @@ def case_moe(targets_only: bool = False):
         torch.cuda.empty_cache()
 
 
-def case_moe_decode():
-    """The decode sweep of the grouped MoE (benchmark/moe_decode.py: T = 1 / 8 / 64, E = 16 / 256, every
-    config, bits vs the old config, weight GB/s vs the copy ceiling)."""
-    from moe_decode import sweep
-
-    sweep(bench_graph, record, expert_weights, PEAK_BW)
-
-
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), RoPE rows (device table gather vs
@@ -647,7 +638,7 @@ def main() -> None:
         t0 = time.time()
         try:
             fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
-                  "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "moe_decode": case_moe_decode}[part]
+                  "gemm": case_gemm, "moe": case_moe, "layers": case_layers}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback

@@ -38,77 +38,11 @@ def _fp4_tile(w_row, kb, n_ok):
 
 
 @triton.jit
-def _load_chunk(a_base, sa_ptr, sa_rs, arow, m_ok, w_base, sw_row, v_base, sv_row, n_ok, kb0, K,
-                STAGE1: tl.constexpr, SUB: tl.constexpr):
-    """K blocks kb0 .. kb0+SUB-1 in one load per operand (blocks >= K/32 masked): a e4m3 [BM, 32*SUB],
-    sa fp32 [BM, SUB], packed w (and v) uint8 [BN, 16*SUB] (16*SUB contiguous bytes per row), their
-    scale bytes uint8 [BN, SUB]. Stage 2: v, sv = w, sw (no extra load)."""
-    kbs = kb0 + tl.arange(0, SUB)
-    kb_ok = kbs < K // 32
-    ka = kb0 * 32 + tl.arange(0, 32 * SUB)
-    kw = kb0 * 16 + tl.arange(0, 16 * SUB)
-    a = tl.load(a_base + ka[None, :], mask=m_ok[:, None] & (ka < K)[None, :], other=0.0)
-    sa = tl.load(sa_ptr + kbs[None, :] * sa_rs + arow[:, None], mask=m_ok[:, None] & kb_ok[None, :], other=0.0)
-    wmask = n_ok[:, None] & (kw < K // 2)[None, :]
-    smask = n_ok[:, None] & kb_ok[None, :]
-    w = tl.load(w_base + kw[None, :], mask=wmask, other=0)
-    sw = tl.load(sw_row[:, None] + kbs[None, :], mask=smask, other=127)
-    if STAGE1:
-        v = tl.load(v_base + kw[None, :], mask=wmask, other=0)
-        sv = tl.load(sv_row[:, None] + kbs[None, :], mask=smask, other=127)
-    else:
-        v = w
-        sv = sw
-    return a, sa, w, sw, v, sv
-
-
-@triton.jit
-def _fp4_wide(packed):
-    """Packed E2M1 uint8 [BN, 16*SUB] -> E4M3 bytes uint8 [BN, 32*SUB] (column 32*s + c = element c of
-    block s; low nibble = even element), the bytes `_fp4_tile` gives block by block."""
-    p = packed.to(tl.int32)
-    lo = _e2m1_to_e4m3(p & 15)
-    hi = _e2m1_to_e4m3(p >> 4)
-    return tl.reshape(tl.join(lo, hi), [p.shape[0], 2 * p.shape[1]]).to(tl.uint8)
-
-
-@triton.jit
-def _stack_blocks(x, SUB: tl.constexpr):
-    """uint8 [R, 32*SUB] (SUB K blocks side by side) -> float8e4nv [SUB*R, 32]: row s*R + i = block s of row i."""
-    rows: tl.constexpr = x.shape[0]
-    y = tl.permute(tl.reshape(x, [rows, SUB, 32]), [1, 0, 2])
-    return tl.reshape(y, [SUB * rows, 32]).to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
-def _chunk_acc(a2, sa, b2, sb, acc, kb0, nkb, SUB: tl.constexpr):
-    """acc [BM, BN] += block partial * (sa * sw) for K blocks kb0 .. kb0+SUB-1 in K order (blocks >= nkb
-    skipped). a2 e4m3 [SUB*BM, 32], b2 e4m3 [SUB*BN, 32] (stacked blocks), sa fp32 [BM, SUB], sb uint8
-    [BN, SUB]. One MMA of the stacked tiles gives every (block s, block s') product; the diagonal blocks
-    s = s' are each the K=32 dot of one block, the same MMA as one dot per block. They (and each block's
-    scales) are picked as integer bit patterns (a sum with zeros elsewhere: exact for every value,
-    -0.0 and NaN included, whatever the float mode), so the bits equal one dot per block."""
-    BM: tl.constexpr = acc.shape[0]
-    BN: tl.constexpr = acc.shape[1]
-    d = tl.reshape(tl.dot(a2, tl.trans(b2)).to(tl.int32, bitcast=True), [SUB, BM, SUB, BN])
-    si = tl.arange(0, SUB)
-    q = tl.sum(tl.where(si[:, None, None, None] == si[None, None, :, None], d, 0), axis=0)  # [BM, SUB, BN]
-    sa_bits = sa.to(tl.int32, bitcast=True)
-    sb32 = sb.to(tl.int32)
-    for s in tl.static_range(SUB):
-        part = tl.sum(tl.where(si[None, :, None] == s, q, 0), axis=1).to(tl.float32, bitcast=True)
-        sa_s = tl.sum(tl.where(si[None, :] == s, sa_bits, 0), axis=1).to(tl.float32, bitcast=True)
-        sw_s = e8m0_value(tl.sum(tl.where(si[None, :] == s, sb32, 0), axis=1))
-        acc = tl.where(kb0 + s < nkb, tl.fma(part, sa_s[:, None] * sw_s[None, :], acc), acc)
-    return acc
-
-
-@triton.jit
 def _moe_gemm_kernel(
     a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
     w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
     out_ptr, os_ptr, os_rs, N, K, TOPK, limit,
-    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, STACK: tl.constexpr,
+    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr,
 ):
     """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
     w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
@@ -134,39 +68,23 @@ def _moe_gemm_kernel(
     a_row = a_ptr + arow.to(tl.int64)[:, None] * K + rk[None, :]
     w_row = w_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
     sw_row = sw_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
-    v_row = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-    sv_row = sv_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
+    if STAGE1:
+        v_row = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+        sv_row = sv_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc2 = tl.zeros([BM, BN], dtype=tl.float32)
-    if STACK:
-        nkb = K // 32
-        w_base = w_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs
-        v_base = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs
-        a_base = a_ptr + arow.to(tl.int64)[:, None] * K
-        aw, saw, ww, sww, vw, svw = _load_chunk(a_base, sa_ptr, sa_rs, arow, m_ok, w_base, sw_row, v_base, sv_row,
-                                                n_ok, 0, K, STAGE1, SUB)
-        for kb0 in range(0, nkb, SUB):
-            # the next chunk's loads are issued before this chunk's math (register double buffer)
-            aw2, saw2, ww2, sww2, vw2, svw2 = _load_chunk(a_base, sa_ptr, sa_rs, arow, m_ok, w_base, sw_row, v_base,
-                                                          sv_row, n_ok, kb0 + SUB, K, STAGE1, SUB)
-            a2 = _stack_blocks(aw.to(tl.uint8, bitcast=True), SUB)
-            acc = _chunk_acc(a2, saw, _stack_blocks(_fp4_wide(ww), SUB), sww, acc, kb0, nkb, SUB)
+    for kb0 in range(0, K // 32, SUB):
+        for i in tl.static_range(SUB):
+            kb = kb0 + i
+            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
+            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0)
+            b = _fp4_tile(w_row, kb, n_ok)
+            sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
+            acc = tl.fma(tl.dot(a, tl.trans(b)), sa[:, None] * sw[None, :], acc)
             if STAGE1:
-                acc2 = _chunk_acc(a2, saw, _stack_blocks(_fp4_wide(vw), SUB), svw, acc2, kb0, nkb, SUB)
-            aw, saw, ww, sww, vw, svw = aw2, saw2, ww2, sww2, vw2, svw2
-    else:
-        for kb0 in range(0, K // 32, SUB):
-            for i in tl.static_range(SUB):
-                kb = kb0 + i
-                a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
-                sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0)
-                b = _fp4_tile(w_row, kb, n_ok)
-                sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
-                acc = tl.fma(tl.dot(a, tl.trans(b)), sa[:, None] * sw[None, :], acc)
-                if STAGE1:
-                    c = _fp4_tile(v_row, kb, n_ok)
-                    sv = e8m0_value(tl.load(sv_row + kb, mask=n_ok, other=127))
-                    acc2 = tl.fma(tl.dot(a, tl.trans(c)), sa[:, None] * sv[None, :], acc2)
+                c = _fp4_tile(v_row, kb, n_ok)
+                sv = e8m0_value(tl.load(sv_row + kb, mask=n_ok, other=127))
+                acc2 = tl.fma(tl.dot(a, tl.trans(c)), sa[:, None] * sv[None, :], acc2)
     if STAGE1:
         g = bf16_round(acc)
         u = bf16_round(acc2)
@@ -213,38 +131,16 @@ def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: 
     return perm.int(), wt, te.int(), first.int(), ends[tec].int()
 
 
-OLD_CONFIG = (64, 32, 32, 4, 4, 0)  # the block-by-block path the H200 sweep of 2026-12-01 timed
-DECODE_CONFIG = (16, 32, 32, 4, 1, 4)  # 4 stacked K blocks x 16 rows: one m64 n128 k32 MMA per 4 blocks
-# the stacked configs the decode sweep times (benchmark/moe_decode.py) and the tests check bitwise
-DECODE_CANDIDATES = (DECODE_CONFIG, (16, 32, 32, 4, 2, 4), (16, 32, 64, 4, 1, 4), (16, 64, 64, 8, 1, 4),
-                     (8, 32, 32, 4, 1, 8), (32, 32, 32, 4, 1, 2), (32, 32, 32, 8, 1, 4), (64, 32, 32, 4, 1, 1))
-
-
-def pick_config(rows: int) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN1, BN2, num_warps, num_stages, STACK). STACK = 0: one [BM, 32] x [32, BN] MMA per K block,
-    operands loaded block by block (16 bytes per weight row); STACK = S > 0: S K blocks loaded at once
-    (16*S contiguous bytes per weight row, next chunk's loads issued before this chunk's math) and
-    multiplied in one MMA of the blocks stacked along M and N (BM * S = 64 keeps Hopper's wgmma, the
-    instruction of the STACK = 0 path). Every config gives the same bits (test_moe_gpu.py, and the
-    interpreter for the kernel logic). rows = T * top-k pairs: up to 512 (decode, a few rows per expert)
-    the stacked path, above it the block-by-block path (fastest at T = 8192 in the H200 sweep,
-    benchmark/results/2026-12-01-h200-kernels-moe.md)."""
-    return DECODE_CONFIG if rows <= 512 else OLD_CONFIG
-
-
-def _norm_config(config) -> tuple[int, int, int, int, int, int]:
-    """A 5-tuple (BM, BN1, BN2, warps, stages) is the STACK = 0 path."""
-    cfg = tuple(config) + (0,) * (6 - len(config))
-    bm, bn1, bn2, _, _, stack = cfg
-    assert len(cfg) == 6 and bn1 % 32 == 0 and bn2 % 32 == 0 and stack >= 0, f"bad moe config {config}"
-    assert stack == 0 or stack & (stack - 1) == 0, f"STACK must be a power of two: {config}"
-    return cfg
+def pick_config(rows: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN1, BN2, num_warps, num_stages). Narrow N tiles were fastest at every size in the H200
+    sweep (benchmark/results/2026-12-01-h200-kernels-moe.md: T = 8 and 8192 tokens, E = 16); every
+    config gives the same bits."""
+    return 64, 32, 32, 4, 4
 
 
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
-    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, STACK]) overrides
-    pick_config (a 5-tuple: STACK = 0, the block-by-block path)."""
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages) overrides pick_config."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -254,7 +150,7 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     rows = t * k
     if rows == 0:
         return out
-    bm, bn1, bn2, warps, stages, stack = _norm_config(config or pick_config(rows))
+    bm, bn1, bn2, warps, stages = config or pick_config(rows)
     w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
     s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
     assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
@@ -263,19 +159,19 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
     sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)
     tiles = te.numel()
-    hk_sub = stack or (4 if (hid // 32) % 4 == 0 else 2 if (hid // 32) % 2 == 0 else 1)
+    hk_sub = 4 if (hid // 32) % 4 == 0 else 2 if (hid // 32) % 2 == 0 else 1
     _moe_gemm_kernel[(tiles, triton.cdiv(inter, bn1))](
         qx, sx, t, perm, te, first, end, n_exp,
         w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0), s1.stride(1), wt,
         qh, sh, rows, inter, hid, k, float(limit),
-        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, STACK=stack > 0, num_warps=warps, num_stages=stages)
-    i_sub = stack or (4 if (inter // 32) % 4 == 0 else 2 if (inter // 32) % 2 == 0 else 1)
+        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, num_warps=warps, num_stages=stages)
+    i_sub = 4 if (inter // 32) % 4 == 0 else 2 if (inter // 32) % 2 == 0 else 1
     _moe_gemm_kernel[(tiles, triton.cdiv(hid, bn2))](
         qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp,
         w2, w2, w2.stride(0), w2.stride(1), s2, s2, s2.stride(0), s2.stride(1), wt,
         out, sh, rows, hid, inter, k, float(limit),
-        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, STACK=stack > 0, num_warps=warps, num_stages=stages)
+        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, num_warps=warps, num_stages=stages)
     return out
 
 
-__all__ = ["DECODE_CANDIDATES", "DECODE_CONFIG", "OLD_CONFIG", "moe_experts_triton", "pick_config", "routing_tiles"]
+__all__ = ["moe_experts_triton", "pick_config", "routing_tiles"]
