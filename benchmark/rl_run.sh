@@ -11,7 +11,9 @@
 # SFT data never shows; its train split for rollouts, its test split held out; empty: use LEVEL),
 # LEVEL [2] and EVAL_LEVEL [2] (task levels, when FAMILY is empty), EVAL_N [100] (held-out greedy accuracy),
 # EVAL_EVERY [10], PROMPTS [8] groups per step, N [8] samples per group, MAX_NEW [16] tokens, LR [1e-4],
+# TEMPERATURE [1.0] sampling temperature (the loss trains the tempered policy),
 # ROUNDS [3] dynamic-sampling rounds, R3 [0] (1: routing replay), SEED [0], PORT [30000],
+# DETERMINISTIC [1] SGLANG_DSV41_DETERMINISTIC for the server and the trainer,
 # THREADS [1] torch threads of the server (OMP_NUM_THREADS) and of the trainer (--threads),
 # OUT [rl_out/<date>-cpu-rl] (rl.jsonl, rl.png, server.log, weight-sync files),
 # RESULTS [benchmark/results/<date>-cpu-rl] (.md table, .png curve).
@@ -38,6 +40,7 @@ PROMPTS=${PROMPTS:-8}
 N=${N:-8}
 MAX_NEW=${MAX_NEW:-16}
 LR=${LR:-1e-4}
+TEMPERATURE=${TEMPERATURE:-1.0}
 ROUNDS=${ROUNDS:-3}
 R3=${R3:-0}
 SEED=${SEED:-0}
@@ -47,6 +50,10 @@ OUT=${OUT:-rl_out/${DATE}-cpu-rl}
 RESULTS=${RESULTS:-benchmark/results/${DATE}-cpu-rl}
 
 export ATEN_CPU_CAPABILITY=default
+# Batch-invariant numerics on both sides: on the CPU a bf16 GEMM's last bits depend on its row count
+# (the BLAS picks kernels by shape), and the server's decode batch shrinks as sampled responses end,
+# so without it a few tokens' logprobs differ from the trainer's (docs/rl.md).
+export SGLANG_DSV41_DETERMINISTIC=${DETERMINISTIC:-1}
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 
 OMP_NUM_THREADS=$THREADS SGLANG_RETURN_ORIGINAL_LOGPROB=1 setsid python -m sglang.launch_server --model "$MODEL" --host 127.0.0.1 \
@@ -68,7 +75,7 @@ EXTRA=()
 [ -n "$FAMILY" ] && EXTRA+=(--family "$FAMILY")
 python -m sglang_dsv41.train.rl --server "$URL" --model "$MODEL" --steps "$STEPS" --level "$LEVEL" \
     --eval-level "$EVAL_LEVEL" --eval-n "$EVAL_N" --eval-every "$EVAL_EVERY" --prompts "$PROMPTS" --n "$N" \
-    --max-new-tokens "$MAX_NEW" --lr "$LR" --max-rounds "$ROUNDS" --seed "$SEED" --threads "$THREADS" --out "$OUT" \
+    --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" --lr "$LR" --max-rounds "$ROUNDS" --seed "$SEED" --threads "$THREADS" --out "$OUT" \
     --results "$RESULTS.md" "${EXTRA[@]}"
 cp "$OUT/rl.png" "$RESULTS.png"
 echo "wrote $RESULTS.md, $RESULTS.png (per-step log: $OUT/rl.jsonl)"

@@ -31,6 +31,9 @@ class BatchLogprobs:
     """per rollout, fp32 [R_b] log p(response token), differentiable."""
     routed: list[torch.Tensor] | None
     """per rollout, int32 [P_b + R_b - 1, layers, top_k] the trainer's own routing (None under R3)."""
+    tempered: list[torch.Tensor] | None = None
+    """per rollout, fp32 [R_b] log softmax(logits / T) of the response tokens, differentiable: the
+    distribution the server sampled from at temperature T (None when T == 1: equal to `logprobs`)."""
 
 
 def _padded_length(rollouts: list[Rollout], cfg) -> int:
@@ -39,9 +42,14 @@ def _padded_length(rollouts: list[Rollout], cfg) -> int:
     return -(-t // step) * step
 
 
-def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False) -> BatchLogprobs:
+def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False,
+                            temperature: float = 1.0) -> BatchLogprobs:
+    """`temperature` != 1 also returns the tempered log-probabilities (the sampling policy's); the
+    untempered ones stay what the server reports (SGLANG_RETURN_ORIGINAL_LOGPROB) and what mismatch measures."""
     if not rollouts:
         raise ValueError("batch_response_logprobs needs at least one rollout")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     cfg, device = model.cfg, model.embed.weight.device
     b, t = len(rollouts), _padded_length(rollouts, model.cfg)
     ids = torch.full((b, t), PAD_TOKEN_ID, dtype=torch.int64)
@@ -59,14 +67,16 @@ def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: boo
         replay = Decisions(routed_experts={layer: forced[:, layer].contiguous() for layer in range(layers)})
     out = model(ids.flatten().to(device), BatchDenseKV(cfg, b, t, device), replay)
     logits = out.logits.view(b, t, -1)
-    lps, routed = [], []
+    lps, tempered, routed = [], [], []
     for i, r in enumerate(rollouts):
         p, n = len(r.prompt), len(r.response)
-        rows = torch.log_softmax(logits[i, p - 1: p - 1 + n].float(), dim=-1)
-        target = torch.tensor(r.response, dtype=torch.int64, device=device)
-        lps.append(rows.gather(1, target[:, None]).squeeze(1))
+        z = logits[i, p - 1: p - 1 + n].float()
+        target = torch.tensor(r.response, dtype=torch.int64, device=device)[:, None]
+        lps.append(torch.log_softmax(z, dim=-1).gather(1, target).squeeze(1))
+        if temperature != 1.0:
+            tempered.append(torch.log_softmax(z / temperature, dim=-1).gather(1, target).squeeze(1))
         if not r3:
             table = torch.stack([out.decisions.routed_experts[layer].view(b, t, -1)[i, : p + n - 1]
                                  for layer in sorted(out.decisions.routed_experts)], dim=1)
             routed.append(table.to(torch.int32).cpu())
-    return BatchLogprobs(lps, None if r3 else routed)
+    return BatchLogprobs(lps, None if r3 else routed, tempered if temperature != 1.0 else None)

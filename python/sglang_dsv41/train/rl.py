@@ -191,10 +191,16 @@ class RLRun:
         rollouts = [r for g in groups for r in g.rollouts]
         advs = [a for g in groups for a in group_advantages(g.shaped, self.dapo.adv_eps).tolist()]
         self.model.train()
-        out = batch_response_logprobs(self.model, rollouts, r3=self.a.r3)
+        out = batch_response_logprobs(self.model, rollouts, r3=self.a.r3, temperature=self.a.temperature)
         old = [torch.tensor(r.logprobs, dtype=torch.float32, device=lp.device) for r, lp in zip(rollouts, out.logprobs)]
+        policy, policy_old = out.logprobs, old
+        if out.tempered is not None:
+            # The server samples from softmax(logits / T) but reports the untempered log-probabilities
+            # (SGLANG_RETURN_ORIGINAL_LOGPROB, what mismatch measures); the policy being trained is the
+            # tempered one, and its old values are the trainer's own before this (single) update.
+            policy, policy_old = out.tempered, [t.detach() for t in out.tempered]
         terms, clipped = [], []
-        for lp, lp_old, adv in zip(out.logprobs, old, advs):
+        for lp, lp_old, adv in zip(policy, policy_old, advs):
             t, c = clipped_token_loss(lp, lp_old, adv, self.dapo.eps_low, self.dapo.eps_high)
             terms.append(t)
             clipped.append(c)
@@ -282,6 +288,7 @@ def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float
              f"- torch {torch.__version__}, task generator v{task.GENERATOR_VERSION}",
              f"- {len(log)} steps in {total_s:.0f} s",
              f"- mean train reward, first {k} steps: {first:.3f}; last {k} steps: {last:.3f} (change {last - first:+.3f})",
+             f"- sampling temperature {a.temperature} (the loss trains softmax(logits / T); held-out is greedy)",
              f"- problems: {f'family {a.family} (train split; held-out: its test split)' if a.family else f'level {a.level}'}",
              f"- held-out greedy accuracy ({f'family {a.family}' if a.family else f'level {a.eval_level}'}, {a.eval_n} test "
              f"problems): start {heldout0:.3f}, "
@@ -309,7 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=8, help="samples per prompt (group size)")
     p.add_argument("--level", type=int, default=2, help="task level of the training problems")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; the loss trains the "
+                   "tempered policy softmax(logits / T) (greedy evaluation is unchanged by T)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--eps-low", type=float, default=0.2)
     p.add_argument("--eps-high", type=float, default=0.28)
@@ -341,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.n < 2:
         p.error("--n must be >= 2 (group-relative advantages)")
+    if not 0 < a.temperature <= 10:
+        p.error(f"--temperature must be in (0, 10], got {a.temperature}")
     if a.family:
         try:
             Family.parse(a.family)
