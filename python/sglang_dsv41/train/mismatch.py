@@ -18,7 +18,9 @@ The server must return logprobs of the raw distribution (`SGLANG_RETURN_ORIGINAL
 for `--r3` or routing agreement, run `--enable-return-routed-experts` (docs/rl.md). On the CPU the
 trainer must run with the server's torch thread count (`--threads`; both default to one per core):
 MKL splits the K reduction of fp32 GEMMs over threads, so another count changes the last bits, and
-through the FP8 roundings and top-k, whole logprobs.
+through the FP8 roundings and top-k, whole logprobs. Both sides should also run with
+SGLANG_DSV41_DETERMINISTIC=1: a CPU bf16 GEMM's last bits depend on its row count, and the server's
+decode batch shrinks as sampled responses end (docs/rl.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 import requests
@@ -147,6 +150,12 @@ def main(argv: list[str] | None = None) -> None:
                                routed_experts=not a.no_routing, layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
     except requests.ConnectionError as e:
         raise SystemExit(f"train.mismatch: cannot reach the SGLang server at {a.server} ({type(e).__name__})") from None
+    from sglang_dsv41.determinism import DETERMINISTIC_ENV, deterministic
+
+    if str(a.device) == "cpu" and not deterministic():
+        print(f"train.mismatch: {DETERMINISTIC_ENV} is not set here; on the CPU run the server and this tool with "
+              f"{DETERMINISTIC_ENV}=1, or rows decoded in small batches may differ in their last bits (docs/rl.md)",
+              file=sys.stderr)
     results = measure(model, [r for g in groups for r in g], a.r3)
     line = asdict(results[a.r3])
     if a.r3:  # the unforced forward ran anyway (routing agreement): its logprob metrics too
