@@ -118,10 +118,18 @@ def test_aliases(tmp_path, monkeypatch):
     ("disaggregation_mode", "prefill", "--disaggregation-mode"),
     ("enable_lora", True, "--enable-lora"),
     ("lora_paths", ["a=/x"], "--enable-lora"),
+    ("max_total_tokens", 0, "--max-total-tokens"),
+    ("max_total_tokens", -5, "--max-total-tokens"),
+    ("max_total_tokens", 63, "--max-total-tokens"),  # less than one page of the default 64
 ])
 def test_rejected_flags_name_the_flag(field, value, flag):
     with pytest.raises(ValueError, match=flag):
         validate_flags(SimpleNamespace(**{field: value}), on_cpu=True)
+
+
+def test_max_total_tokens_of_one_page_or_more_is_accepted():
+    assert _flag_errors(SimpleNamespace(max_total_tokens=64), on_cpu=True) == []
+    assert _flag_errors(SimpleNamespace(max_total_tokens=10**12), on_cpu=True) == []  # the memory budget caps it
 
 
 def test_bad_deterministic_value_fails_at_startup(monkeypatch):

@@ -5,8 +5,9 @@ Each entry of `HOOKS` names the SGLang object it touches and why; `install()` ap
 model-override registries, HookRegistry) are preferred. HookRegistry wraps plain functions in four
 places (the architecture rewrite, the `/generate` contract check, the scheduler's admission check and the
 pool-configurator factory), methods of the OpenAI serving classes and the tokenizer manager for request
-validation (validation.py holds the rules) and of KVCacheConfigurator for the KV budget (kv_budget.py), and the only writes into SGLang tables are the CPU host allocator and the HTTP app's
-error handlers (through FastAPI's `add_exception_handler`).
+validation (validation.py holds the rules) and of KVCacheConfigurator for the KV budget (kv_budget.py),
+and the only writes into SGLang tables are the CPU host allocator and the HTTP app's error handlers
+(through FastAPI's `add_exception_handler`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ DEFAULT_CPU_MAX_TOTAL_TOKENS = 32768
 """Token slots on CPU when --max-total-tokens is unset (SGLang would size the pool from host RAM,
 tens of GB and ~25 s of page faults at startup)."""
 DEFAULT_CPU_MAX_RUNNING_REQUESTS = 64
+V41_CONTEXT = 1 << 20
+"""max_position_embeddings of the released DeepSeek-V4.1 config and of every tiny.py preset."""
 
 
 def _accelerator_present() -> bool:
@@ -56,8 +58,8 @@ def _platform_class():
                 )
             # SGLang's req_to_token table is (max_running_requests + 1) x context_length int32: with
             # the model's 1M context and 2048 requests that is 8 GiB of host RAM zeroed at startup.
-            if server_args.context_length is None:
-                server_args.context_length = server_args.max_total_tokens
+            if server_args.context_length is None:  # never above V4.1's context (SGLang refuses that)
+                server_args.context_length = min(server_args.max_total_tokens, V41_CONTEXT)
             if server_args.max_running_requests is None:
                 server_args.max_running_requests = DEFAULT_CPU_MAX_RUNNING_REQUESTS
             if server_args.attention_backend in (None, "intel_amx"):

@@ -42,7 +42,10 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
     `--enable-return-routed-experts` is served on every device (on CPU through hooks.py's host allocator)."""
     spec = getattr(cfg, "speculative_algorithm", None)
     tp, ep = getattr(cfg, "tp_size", 1) or 1, getattr(cfg, "ep_size", 1) or 1
+    total, page = getattr(cfg, "max_total_tokens", None), getattr(cfg, "page_size", None) or DEFAULT_PAGE_SIZE
     checks = [
+        ("--max-total-tokens", f"must hold at least one page of {page} tokens, got {total}",
+         total is not None and total < page),
         ("--enable-hisparse", "DeepSeek-V4.1 does not support HiSparse", bool(getattr(cfg, "enable_hisparse", False))),
         ("--pp-size", "DeepSeek-V4.1 does not support pipeline parallelism (pp > 1)", (getattr(cfg, "pp_size", 1) or 1) > 1),
         ("--enable-two-batch-overlap", "DeepSeek-V4.1 does not support two-batch overlap",
