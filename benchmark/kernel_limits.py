@@ -293,6 +293,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated target names: " + ",".join(t[0] for t in TARGETS))
     a = ap.parse_args()
     if a.parse:
+        if not Path(a.parse).is_file():
+            ap.error(f"--parse {a.parse}: no such file")
         groups = by_target(parse_ncu_csv(Path(a.parse).read_text(errors="replace")))
         md = table_md(groups) if groups else "no kernel records in the CSV\n"
         if a.out:

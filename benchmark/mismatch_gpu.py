@@ -101,6 +101,22 @@ def sample_rollouts(model, table, prompts: list[list[int]], new: int, device: st
     return ros, calls
 
 
+def read_prompt_ids(path: str, vocab: int, ap: argparse.ArgumentParser) -> tuple[list[list[int]], int | None, str]:
+    """--prompt-ids FILE -> (prompts, stop id or None, source text); any malformed file is an argparse error."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"--prompt-ids {path}: {e}")
+    prompts = spec.get("prompts") if isinstance(spec, dict) else None
+    ok = isinstance(prompts, list) and prompts and all(
+        isinstance(p, list) and p and all(isinstance(t, int) and 0 <= t < vocab for t in p) for p in prompts)
+    stop = spec.get("stop_id") if ok else None
+    if not ok or not (stop is None or isinstance(stop, int) and 0 <= stop < vocab):
+        ap.error(f"--prompt-ids {path}: expected {{'prompts': [[ids...], ...], 'stop_id': id}} with every prompt a "
+                 f"non-empty list of integer ids in [0, {vocab})")
+    return prompts, stop, str(spec.get("source", path))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="deepseek-v4.1-tiny", help="checkpoint directory or embedded alias")
@@ -132,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if not a.prompt_ids:
             ap.error("--render-task-level needs --prompt-ids FILE to write")
+        if a.render_task_level not in task.RANGES:
+            ap.error(f"--render-task-level must be one of {sorted(task.RANGES)}, got {a.render_task_level}")
         renderer = task.ChatRenderer(path)
         probs = task.problems(a.render_task_level, a.prompts, "test", seed=a.seed)
         Path(a.prompt_ids).write_text(json.dumps({
@@ -142,10 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     source = None
     if a.prompt_ids:
-        spec = json.loads(Path(a.prompt_ids).read_text())
-        prompts, stop_id, source = spec["prompts"], spec.get("stop_id"), spec.get("source", a.prompt_ids)
-        if not prompts or any(not p or max(p) >= cfg.vocab_size or min(p) < 0 for p in prompts):
-            ap.error(f"--prompt-ids: every prompt must be a non-empty list of ids in [0, {cfg.vocab_size})")
+        prompts, stop_id, source = read_prompt_ids(a.prompt_ids, cfg.vocab_size, ap)
     elif a.task_level is not None:
         from sglang_dsv41.train import task
 

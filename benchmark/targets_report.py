@@ -236,6 +236,8 @@ def main() -> None:
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         sys.exit(__doc__)
     out = Path(sys.argv[1])
+    if not out.is_dir():
+        sys.exit(f"targets_report.py: {out} is not a folder (the OUTDIR of benchmark/targets.sh)")
     (out / "targets.md").write_text(report(out))
     print(f"wrote {out / 'targets.md'}")
 
