@@ -302,7 +302,11 @@ def main() -> None:
         else:
             print(md, end="")
         return
-    run([x for x in a.only.split(",") if x])
+    only = [x for x in a.only.split(",") if x]
+    unknown = sorted(set(only) - {t[0] for t in TARGETS})
+    if unknown:
+        ap.error(f"--only: unknown target(s) {', '.join(unknown)}; known: {', '.join(t[0] for t in TARGETS)}")
+    run(only)
 
 
 if __name__ == "__main__":
