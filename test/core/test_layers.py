@@ -10,7 +10,8 @@ import torch
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.indexer import mask_invisible, select_candidate_blocks, select_topk
 from sglang_dsv41.layers.linear import fp32_linear
-from sglang_dsv41.layers.mhc import collapse, expand, sinkhorn
+from sglang_dsv41.layers.mhc import collapse, expand, gates, sinkhorn
+from sglang_dsv41.reduction import mean_square
 from sglang_dsv41.layers.rope import Rotary, _inv_freq
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.reference.model import window_indices
@@ -109,6 +110,71 @@ def test_sinkhorn_is_doubly_stochastic():
     m = sinkhorn(torch.randn(10, 4, 4), iters=20, eps=1e-6)
     assert torch.allclose(m.sum(-1), torch.ones(10, 4), atol=1e-2)  # rows converge last
     assert torch.allclose(m.sum(-2), torch.ones(10, 4), atol=1e-5)
+
+
+def _torch_sum_sinkhorn(c, iters, eps):
+    """The Sinkhorn as written before the sums were made explicit: torch's `.sum(-1)` / `.sum(-2)`."""
+    m = torch.exp(c - c.amax(dim=-1, keepdim=True))
+    m = m / m.sum(dim=-1, keepdim=True) + eps
+    m = m / (m.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        m = m / (m.sum(dim=-1, keepdim=True) + eps)
+        m = m / (m.sum(dim=-2, keepdim=True) + eps)
+    return m
+
+
+def _wide_logits(t: int, n: int, seed: int) -> torch.Tensor:
+    """[t, n, n] fp32 logits at per-matrix scales 1e-3..1e3 (exp underflows in the large ones), with ties."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randn(t, n, n, generator=g) * torch.pow(10.0, torch.rand(t, 1, 1, generator=g) * 6 - 3)
+    c[0] = 0.5
+    return c
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_sinkhorn_explicit_sums_equal_torch_sum(n):
+    """On the CPU (ATEN_CPU_CAPABILITY=default) torch adds n <= 4 entries left to right, so the explicit
+    sequential sums change no bit for the model's hc_mult = 4 (for n >= 5 torch's vectorized order differs)."""
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        pytest.skip("torch's CPU sum order is pinned under ATEN_CPU_CAPABILITY=default")
+    for seed, iters in ((0, 20), (1, 1), (2, 3)):
+        c = _wide_logits(3000, n, seed + 10 * n)
+        got, want = sinkhorn(c, iters, 1e-6), _torch_sum_sinkhorn(c, iters, 1e-6)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, seed)
+
+
+def test_gates_equal_mix_stats_formulation():
+    """fp32_linear + `gates` (x bf16 streams, as `Block.hc_mix` calls it) equals the former one-piece
+    `mix_stats` (x converted to fp32 first, torch sums in the Sinkhorn) bit for bit."""
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        pytest.skip("torch's CPU sum order is pinned under ATEN_CPU_CAPABILITY=default")
+    g = torch.Generator().manual_seed(4)
+    t, n, h = 70, 4, 64
+    streams = (torch.randn(t, n, h, generator=g) * torch.pow(10.0, torch.rand(t, 1, 1, generator=g) * 4 - 2)).bfloat16()
+    fn = torch.randn((2 + n) * n, n * h, generator=g) * 0.05
+    base, scale = torch.randn((2 + n) * n, generator=g), torch.rand(3, generator=g) * 4
+    x = streams.flatten(1).float()
+    mix = fp32_linear(x, fn) * torch.rsqrt(mean_square(x) + 1e-6)
+    want_pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + 1e-6
+    want_post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
+    want_comb = _torch_sum_sinkhorn((mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n)), 20, 1e-6)
+    xb = streams.flatten(1)
+    pre, post, comb = gates(xb, fp32_linear(xb, fn), base, scale, 20, 1e-6, 1e-6)
+    for a, b in ((pre, want_pre), (post, want_post), (comb, want_comb)):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_gates_backward_reaches_mix_base_and_scale():
+    """`gates` stays differentiable (the trainer runs it under autograd)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4 * 32, generator=g)
+    mix = torch.randn(3, 24, generator=g, requires_grad=True)
+    base = torch.randn(24, generator=g, requires_grad=True)
+    scale = torch.rand(3, generator=g).requires_grad_()
+    pre, post, comb = gates(x, mix, base, scale, 20, 1e-6, 1e-6)
+    (pre.sum() + post.sum() + (comb * torch.arange(16.0).view(4, 4)).sum()).backward()
+    for p in (mix, base, scale):
+        assert p.grad is not None and bool(torch.isfinite(p.grad).all()) and p.grad.abs().sum() > 0
 
 
 def test_collapse_expand_use_transposed_comb():

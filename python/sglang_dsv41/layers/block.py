@@ -16,12 +16,16 @@ from sglang_dsv41.layers.attention import Attention
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.engram import Engram
 from sglang_dsv41.layers.kv import KV
-from sglang_dsv41.layers.mhc import collapse, expand, mix_stats
+from sglang_dsv41.layers.linear import fp32_linear
+from sglang_dsv41.layers.mhc import collapse, expand, gates
 from sglang_dsv41.layers.moe import MoE
 from sglang_dsv41.layers.norm import RMSNorm
 
 
 class Block(nn.Module):
+    kernel_slots = {"mhc_gates": "mhc_gates"}
+    mhc_gates = staticmethod(gates)  # (x, mix, base, scale, iters, hc_eps, norm_eps) -> (pre, post, comb)
+
     def __init__(self, cfg: ModelConfig, role: LayerRole):
         super().__init__()
         hc, H = cfg.hc, cfg.hidden_size
@@ -38,10 +42,13 @@ class Block(nn.Module):
             self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.zeros(3, dtype=torch.float32), requires_grad=False))
 
     def hc_mix(self, site: str, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre, post, comb) of site 'attn' or 'ffn' computed from that site's input streams."""
-        return mix_stats(
-            streams,
-            getattr(self, f"hc_{site}_fn"),
+        """(pre, post, comb) of site 'attn' or 'ffn' computed from that site's input streams [T, n, H]:
+        the fp32 GEMM here, the rest in the `mhc_gates` slot (layers.mhc.gates)."""
+        x = streams.flatten(1)
+        mix = fp32_linear(x, getattr(self, f"hc_{site}_fn"))
+        return self.mhc_gates(
+            x,
+            mix,
             getattr(self, f"hc_{site}_base"),
             getattr(self, f"hc_{site}_scale"),
             self.hc_iters,

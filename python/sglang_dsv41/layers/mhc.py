@@ -7,25 +7,49 @@ FFN) owns fn [(2+n)n, nH], base [(2+n)n], scale [3] (fp32) and produces, from it
   comb [T, n, n] = Sinkhorn(mix[2n:] * scale[2] + base[2n:])   (row-major (j, k))
 with mix = (flat(R) . fn^T) * rsqrt(mean(flat(R)^2) + rms_norm_eps), all fp32.
 The lag: a sublayer's input is collapsed with the *previous* site's `pre` (spec model 3.4).
+
+A site's gates are the fp32 GEMM `fp32_linear(flat(R), fn)` (in `Block.hc_mix`) followed by
+`gates`: everything after the GEMM (statistic, affine, sigmoids, Sinkhorn), a pure function that
+`Block` holds as the kernel slot `mhc_gates` (one fused launch on CUDA, docs/numerics.md).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from sglang_dsv41.layers.linear import fp32_linear
 from sglang_dsv41.reduction import mean_square
+
+
+def row_sums(m: torch.Tensor) -> torch.Tensor:
+    """m [..., n, n] -> [..., n, 1]: ((m[.., 0] + m[.., 1]) + m[.., 2]) + ... left to right in fp32
+    (the order torch CPU's `.sum(-1)` adds n <= 4 elements in, written out so every device adds so)."""
+    s = m[..., 0:1]
+    for k in range(1, m.size(-1)):
+        s = s + m[..., k : k + 1]
+    return s
+
+
+def col_sums(m: torch.Tensor) -> torch.Tensor:
+    """m [..., n, n] -> [..., 1, n]: ((m[0] + m[1]) + m[2]) + ... over the rows, top to bottom."""
+    s = m[..., 0:1, :]
+    for j in range(1, m.size(-2)):
+        s = s + m[..., j : j + 1, :]
+    return s
 
 
 def sinkhorn(c: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """c [..., n, n] fp32 logits -> approximately doubly-stochastic matrix (reference op order:
-    exp(c - rowmax) / rowsum + eps, then column, then (iters-1) x (row, column) normalisations)."""
+    exp(c - rowmax) / rowsum + eps, then column, then (iters-1) x (row, column) normalisations).
+    Row and column sums are explicit sequential adds (`row_sums`, `col_sums`): for n <= 4 bitwise torch
+    CPU's `.sum(-1)` / `.sum(-2)` of the reference (entries are >= 0, so its zero start changes nothing)."""
     m = torch.exp(c - c.amax(dim=-1, keepdim=True))
-    m = m / m.sum(dim=-1, keepdim=True) + eps
-    m = m / (m.sum(dim=-2, keepdim=True) + eps)
+    m = m / row_sums(m) + eps
+    m = m / (col_sums(m) + eps)
     for _ in range(iters - 1):
-        m = m / (m.sum(dim=-1, keepdim=True) + eps)
-        m = m / (m.sum(dim=-2, keepdim=True) + eps)
+        m = m / (row_sums(m) + eps)
+        m = m / (col_sums(m) + eps)
     return m
 
 
@@ -47,20 +71,29 @@ def identity_pre(num_tokens: int, hc_mult: int, device: torch.device | str | Non
     return pre
 
 
-def mix_stats(
-    streams: torch.Tensor,
-    fn: torch.Tensor,
+def hc_mult_of(mix_dim: int) -> int:
+    """n from the mix width (2 + n) * n."""
+    n = math.isqrt(mix_dim + 1) - 1
+    if n < 1 or (2 + n) * n != mix_dim:
+        raise ValueError(f"mix width {mix_dim} is not (2 + n) * n")
+    return n
+
+
+def gates(
+    x: torch.Tensor,
+    mix: torch.Tensor,
     base: torch.Tensor,
     scale: torch.Tensor,
-    sinkhorn_iters: int,
+    iters: int,
     hc_eps: float,
     norm_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """streams [T, n, H] -> (pre [T,n], post [T,n], comb [T,n,n]), fp32, for one site's params."""
-    n = streams.size(1)
-    x = streams.flatten(1).float()
-    mix = fp32_linear(x, fn) * torch.rsqrt(mean_square(x) + norm_eps)
+    """One site's gates after its GEMM. x [T, n*H] bf16|fp32 (the flattened input streams), mix
+    [T, (2+n)n] fp32 = x . fn^T (raw, before the rsqrt), base [(2+n)n] fp32, scale [3] fp32, n from
+    base -> (pre [T,n], post [T,n], comb [T,n,n]) fp32. Differentiable (plain torch ops)."""
+    n = hc_mult_of(base.numel())
+    mix = mix * torch.rsqrt(mean_square(x) + norm_eps)
     pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + hc_eps
     post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     c = (mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))
-    return pre, post, sinkhorn(c, sinkhorn_iters, hc_eps)
+    return pre, post, sinkhorn(c, iters, hc_eps)

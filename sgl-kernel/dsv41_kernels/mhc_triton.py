@@ -1,0 +1,225 @@
+"""Triton mHC gates (`dsv41_kernels.mhc`): one launch per call, ROWS rows per program.
+
+Per row: the sum of squares of the n*H stream values in `reduction.ordered_sum`'s order
+(`_sumsq_chunked`, below), rstd = rsqrt(sum / D + norm_eps) (`rms_rstd`), the (2+n)n mixes times rstd, times
+their part's scale, plus base; pre / post through the sigmoid; the n x n Sinkhorn held in registers
+as an [ROWS, NP, NP] tile (NP = next power of two >= n; padded entries are never read back). Each
+row or column sum is an explicit chain of adds of single entries picked out of the tile (a pick is a
+sum of one value and zeros, hence exact), so it adds in the twin's order. Launched without FMA
+contraction, every division IEEE (`div_rn`), so that it equals the twin bit for bit on the GPU
+(test/kernels/test_mhc_gpu.py).
+
+Transcendentals. On the GPU, exp is libdevice `__nv_expf`, which is what torch CUDA's `std::exp` on
+fp32 compiles to (nvcc without fast math), and sigmoid is written as ATen's CUDA kernel writes it
+for fp32 (aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu, `sigmoid_kernel_cuda`:
+`scalar_t{1} / (scalar_t{1} + std::exp(-a))`), i.e. 1 / (1 + exp(-x)) with an IEEE division.
+Triton links libdevice in its flush-to-zero flavour (the sm_90 PTX of `__nv_expf` has `fma.rn.ftz`
+and `ex2.approx.ftz` on the reduced argument, then a non-ftz `mul` by 2^j); we assume it gives torch's
+non-ftz bits, which can differ only where an input or result is subnormal: exp(subnormal) is 1 either
+way, and a subnormal exp result is swallowed by the next add (1 + e, or + hc_eps > 0). The GPU test
+checks this on inputs that reach those corners.
+Triton's CPU interpreter cannot run libdevice (extern calls raise), and its `tl.exp` (NumPy's fp32
+exp) differs from torch CPU's exp for 4.9% of all fp32 inputs; torch CPU's sigmoid is not
+1 / (1 + torch.exp(-x)) either (0.06% of inputs differ: another exp), both measured over every fp32
+input under ATEN_CPU_CAPABILITY=default. So under
+`triton_numerics.INTERPRET` the two elementwise functions run torch's CPU `exp` / `sigmoid` on the
+interpreter's NumPy data: the interpreter checks everything else of the kernel (statistic order,
+affine, divisions, the Sinkhorn sum orders, masking) against the twin bit for bit, and only the GPU
+test checks the libdevice transcendentals.
+
+The statistic. `triton_numerics.ordered_sumsq` unrolls all D / 32 row loads, and Triton's coalescing
+pass takes time quadratic in the number of loads: measured for sm_90 on a 2-core CPU, D = 5120
+compiled in 12.5 s and D = 20480 (the mHC width) in 205 s. `_sumsq_chunked` adds in the same order
+(same bits) but loops over the cascade's full chunks of STEP rows, G chunks per iteration: the G
+chunk sums (level 0 of the cascade) are independent, so G * STEP loads are issued per iteration, and
+their sums then enter level 1 one chunk at a time in chunk order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from dsv41_kernels.mhc import hc_mult, mhc_gates
+from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, max_nan, rms_rstd
+from sglang_dsv41.reduction import cascade_step
+
+if INTERPRET:
+    import numpy as np
+    from triton.runtime.interpreter import TensorHandle
+
+    def _host_map(x, fn):
+        """Interpreter only (plain Python on its tensors): fn, a torch CPU fp32 elementwise op, on x's data."""
+        out = fn(torch.from_numpy(np.ascontiguousarray(x.handle.data))).numpy()
+        return tl.tensor(TensorHandle(out, x.dtype), x.type)
+
+    def _exp(x):
+        return _host_map(x, torch.exp)
+
+    def _sigmoid(x):
+        return _host_map(x, torch.sigmoid)
+
+else:
+
+    @triton.jit
+    def _exp(x):
+        """fp32 exp as torch CUDA computes it (__nv_expf)."""
+        return libdevice.exp(x)
+
+    @triton.jit
+    def _sigmoid(x):
+        """fp32 sigmoid as ATen's CUDA kernel computes it: 1 / (1 + exp(-x)), IEEE division."""
+        return tl.math.div_rn(1.0, 1.0 + libdevice.exp(-x))
+
+
+@triton.jit
+def _pick(v, idx, i: tl.constexpr, AXIS: tl.constexpr):
+    """v[..., i, ...] along AXIS (dropped), as a sum of one value and zeros (exact; +0 for -0)."""
+    return tl.sum(tl.where(idx == i, v, 0.0), axis=AXIS)
+
+
+@triton.jit
+def _sumsq_chunked(src, ok, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr):
+    """Sum of squares of D bf16/fp32 elements per row, bitwise `triton_numerics.ordered_sumsq` (the
+    order of `sglang_dsv41.reduction.ordered_sum`). src: pointer [R, 1, 1] to each row's first element
+    (unit stride), ok [R, 1, 1] (masked rows read zeros); D % 32 == 0; STEP = cascade_step(D // 32);
+    G = chunks per loop iteration (power of two). -> fp32 [R]. Row r of 32 elements is a [4, 8] tile
+    (ilp column k, lane l) = s[32r + 8k + l]. Launch with NO_FMA."""
+    tl.static_assert(D % 32 == 0)
+    NROWS: tl.constexpr = D // 32
+    FULL: tl.constexpr = NROWS // STEP
+    col = (tl.arange(0, 4)[:, None] * 8 + tl.arange(0, 8)[None, :])[None]  # [1, 4, 8]
+    zero = tl.zeros(col.shape, tl.float32) + tl.zeros(ok.shape, tl.float32)  # [R, 4, 8]
+    gi = tl.arange(0, G)[None, :, None, None]  # [1, G, 1, 1]
+    zero4 = zero[:, None, :, :] + tl.zeros(gi.shape, tl.float32)  # [R, G, 4, 8]
+    a1 = zero
+    a2 = zero
+    a3 = zero
+    for c0 in range(0, FULL, G):
+        chunk = c0 + gi
+        first = src[:, :, :, None] + chunk * (STEP * 32) + col[:, None, :, :]  # [R, G, 4, 8]
+        live = ok[:, :, :, None] & (chunk < FULL)
+        a0 = zero4
+        for j in tl.static_range(STEP):  # level 0 of G chunks at once: each adds its STEP rows in order
+            x = tl.load(first + j * 32, mask=live, other=0.0).to(tl.float32)
+            a0 = a0 + x * x
+        for g in tl.static_range(G):  # then level 1 (and the pushes up) one chunk at a time
+            valid = c0 + g < FULL
+            a1 = tl.where(valid, a1 + _pick(a0, gi, g, 1), a1)
+            done = (c0 + g + 1) * STEP  # rows consumed
+            up2 = valid & (done % (STEP * STEP) == 0)
+            up3 = up2 & (done % (STEP * STEP * STEP) == 0)
+            a2 = tl.where(up2, a2 + a1, a2)
+            a1 = tl.where(up2, zero, a1)
+            a3 = tl.where(up3, a3 + a2, a3)
+            a2 = tl.where(up3, zero, a2)
+    a0 = zero
+    for r in tl.static_range(FULL * STEP, NROWS):
+        x = tl.load(src + r * 32 + col, mask=ok, other=0.0).to(tl.float32)
+        a0 = a0 + x * x
+    acc = ((a0 + a1) + a2) + a3  # [R, 4, 8]
+    k = tl.arange(0, 4)[None, :, None]
+    v = ((_pick(acc, k, 0, 1) + _pick(acc, k, 1, 1)) + _pick(acc, k, 2, 1)) + _pick(acc, k, 3, 1)  # [R, 8]
+    lane = tl.arange(0, 8)[None, :]
+    total = _pick(v, lane, 0, 1)
+    for i in tl.static_range(1, 8):
+        total = total + _pick(v, lane, i, 1)
+    return total
+
+
+@triton.jit
+def _row_sums(m, kk, N: tl.constexpr):
+    """m [R, NP, NP] -> [R, NP, 1]: ((m[:, :, 0] + m[:, :, 1]) + ...) + m[:, :, N-1]."""
+    s = tl.sum(tl.where(kk == 0, m, 0.0), axis=2, keep_dims=True)
+    for k in tl.static_range(1, N):
+        s = s + tl.sum(tl.where(kk == k, m, 0.0), axis=2, keep_dims=True)
+    return s
+
+
+@triton.jit
+def _col_sums(m, jj, N: tl.constexpr):
+    """m [R, NP, NP] -> [R, 1, NP]: ((m[:, 0] + m[:, 1]) + ...) + m[:, N-1]."""
+    s = tl.sum(tl.where(jj == 0, m, 0.0), axis=1, keep_dims=True)
+    for j in tl.static_range(1, N):
+        s = s + tl.sum(tl.where(jj == j, m, 0.0), axis=1, keep_dims=True)
+    return s
+
+
+@triton.jit
+def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, iters,
+                      hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
+                      G: tl.constexpr, ROWS: tl.constexpr):
+    """x [T, D] (row stride x_rs, unit columns), mix [T, (2+N)N] (row stride mix_rs, unit columns), base
+    [(2+N)N], scale [3] -> pre, post [T, N], comb [T, N, N] contiguous fp32."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = row < T
+    ss = _sumsq_chunked(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
+    rstd = rms_rstd(ss, D * 1.0, norm_eps)  # [R]
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+
+    # pre / post: [R, NP]
+    j = tl.arange(0, NP)[None, :]
+    jok = j < N
+    ok2 = ok[:, None] & jok
+    mrow = mix_ptr + row[:, None] * mix_rs
+    zp = (tl.load(mrow + j, mask=ok2, other=0.0) * rstd[:, None]) * s0 + tl.load(base_ptr + j, mask=jok, other=0.0)
+    zq = (tl.load(mrow + N + j, mask=ok2, other=0.0) * rstd[:, None]) * s1 + tl.load(base_ptr + N + j, mask=jok,
+                                                                                    other=0.0)
+    tl.store(pre_ptr + row[:, None] * N + j, _sigmoid(zp) + hc_eps, mask=ok2)
+    tl.store(post_ptr + row[:, None] * N + j, _sigmoid(zq) * 2.0, mask=ok2)
+
+    # comb: Sinkhorn on [R, NP, NP], entry (jj, kk) = mix column 2N + jj*N + kk
+    jj = tl.arange(0, NP)[None, :, None]
+    kk = tl.arange(0, NP)[None, None, :]
+    cok = (jj < N) & (kk < N)
+    ok3 = ok[:, None, None] & cok
+    off = 2 * N + jj * N + kk
+    c = (tl.load(mix_ptr + row[:, None, None] * mix_rs + off, mask=ok3, other=0.0) * rstd[:, None, None]) * s2
+    c = c + tl.load(base_ptr + off, mask=cok, other=0.0)
+    c = tl.where(cok, c, float("-inf"))
+    m = _exp(c - tl.reduce(c, 2, max_nan, keep_dims=True))  # NaN-propagating row max (torch.amax)
+    m = tl.math.div_rn(m, _row_sums(m, kk, N)) + hc_eps
+    m = tl.math.div_rn(m, _col_sums(m, jj, N) + hc_eps)
+    for _ in range(1, iters):
+        m = tl.math.div_rn(m, _row_sums(m, kk, N) + hc_eps)
+        m = tl.math.div_rn(m, _col_sums(m, jj, N) + hc_eps)
+    tl.store(comb_ptr + row[:, None, None] * (N * N) + jj * N + kk, m, mask=ok3)
+
+
+def _unit_cols(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@mhc_gates.triton_impl
+def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: float, rows: int | None = None,
+                     num_warps: int = 1, chunks: int | None = None):
+    """Same contract as the twin for 2-D x with n*H % 32 == 0 (bf16 / fp32) and fp32 mix / base / scale;
+    other inputs, and calls that need autograd, run the twin. Launch: `rows` rows per program,
+    `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps`."""
+    n = hc_mult(base.numel())
+    d = x.size(-1)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, mix, base, scale))
+    if (grad or x.dim() != 2 or d % 32 or x.dtype not in (torch.bfloat16, torch.float32)
+            or any(t.dtype != torch.float32 for t in (mix, base, scale)) or mix.shape != (x.size(0), base.numel())):
+        return mhc_gates.torch(x, mix, base, scale, iters, hc_eps, norm_eps)
+    x, mix = _unit_cols(x), _unit_cols(mix)
+    t = x.size(0)
+    pre = torch.empty(t, n, dtype=torch.float32, device=x.device)
+    post = torch.empty(t, n, dtype=torch.float32, device=x.device)
+    comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
+    if t:
+        rows = rows or (1 if t <= 256 else 4)
+        step = cascade_step(d // 32)
+        chunks = chunks or min(8, triton.next_power_of_2(max(1, d // 32 // step)))
+        _mhc_gates_kernel[(triton.cdiv(t, rows),)](
+            x, x.stride(0), mix, mix.stride(0), base.contiguous(), scale.contiguous(), pre, post, comb, t,
+            max(int(iters), 1), float(hc_eps), float(norm_eps), N=n, NP=triton.next_power_of_2(n), D=d,
+            STEP=step, G=chunks, ROWS=rows, num_warps=num_warps, **NO_FMA)
+    return pre, post, comb
+
+
+__all__ = ["mhc_gates_triton"]

@@ -1,0 +1,98 @@
+"""Runs the mHC gates Triton kernel through Triton's CPU interpreter against its twin, bit for bit, and
+the kernel's chunked sum of squares against `reduction.ordered_sum`; prints 'PASS name' / 'FAIL name:
+reason'. Start with TRITON_INTERPRET=1 (and ATEN_CPU_CAPABILITY=default: the interpreter runs torch's
+CPU exp / sigmoid, see mhc_triton.py). Oracle: `ops.mhc_gates.torch` and `reduction.ordered_sum`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT / "python"), str(ROOT / "sgl-kernel")]
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import torch  # noqa: E402  (after the path and the interpreter switch)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from dsv41_kernels import ops  # noqa: E402
+from dsv41_kernels.mhc_triton import _sumsq_chunked  # noqa: E402
+from mhc_cases import assert_gates_equal, build_gates  # noqa: E402
+from sglang_dsv41.reduction import cascade_step, ordered_sum  # noqa: E402
+
+# (t, n, h, rows, chunks, dtype, extreme, iters, mix_scale)
+GATE_CASES = [
+    (5, 4, 128, 1, None, "bf16", False, 20, 3.0),
+    (13, 4, 128, 4, None, "bf16", True, 20, 3.0),  # 13 rows: the last program has 1 live row of 4
+    (9, 4, 128, 2, None, "fp32", True, 20, 30.0),  # fp32 streams, large logits
+    (3, 4, 5120, 1, None, "bf16", False, 20, 3.0),  # the released width D = 20480 (5 loop iterations of 8 chunks)
+    (10, 4, 5120, 4, 16, "bf16", True, 20, 3.0),  # 16 chunks per iteration: the last one is half masked
+    (7, 3, 96, 2, None, "bf16", False, 20, 3.0),  # n = 3: a padded 4 x 4 tile
+    (8, 1, 64, 8, None, "fp32", True, 20, 3.0),
+    (4, 2, 400, 1, None, "bf16", False, 1, 3.0),  # iters = 1; D = 800: 1 full chunk + 9 leftover rows
+    (6, 4, 128, 1, None, "bf16", False, 3, 1e3),  # saturated sigmoids, exp underflow everywhere
+    (0, 4, 128, 1, None, "bf16", False, 20, 3.0),
+]
+# (rows of 32, chunks per iteration): leftover rows, one and many chunks, level-2 pushes (every 256 rows),
+# masked chunks past the last full one (325 rows in 16-chunk iterations: a push would fall on a masked chunk)
+SUMSQ_CASES = [(1, 1), (15, 1), (16, 1), (53, 1), (53, 4), (640, 8), (640, 16), (640, 1), (600, 2), (300, 8), (325, 16)]
+
+
+@triton.jit
+def sumsq_kernel(x_ptr, out_ptr, M, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr):
+    """x [M, D] contiguous -> out [M]: the kernel's sum of squares per row."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = row < M
+    tl.store(out_ptr + row, _sumsq_chunked(x_ptr + row[:, None, None] * D, ok[:, None, None], D, STEP, G), mask=ok)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    checks = []
+    for t, n, h, rows, chunks, dt, extreme, iters, ms in GATE_CASES:
+        def gates(t=t, n=n, h=h, rows=rows, chunks=chunks, dt=dt, extreme=extreme, iters=iters, ms=ms):
+            dtype = torch.bfloat16 if dt == "bf16" else torch.float32
+            x, mix, base, scale = build_gates(t, n, h, seed=t * 31 + n * h, dtype=dtype, mix_scale=ms, extreme=extreme)
+            args = (x, mix, base, scale, iters, 1e-6, 1e-6)
+            assert_gates_equal(ops.mhc_gates.triton(*args, rows=rows, chunks=chunks), ops.mhc_gates.torch(*args))
+
+        checks.append((f"mhc_gates-t{t}-n{n}-h{h}-rows{rows}-chunks{chunks}-{dt}-extreme{extreme}-iters{iters}", gates))
+
+    def strided():  # x a column slice of a wider tensor (row stride != D), mix from a transposed buffer
+        x, mix, base, scale = build_gates(11, 4, 128, seed=5, extreme=True)
+        wide = torch.cat([x, x[:, :64]], dim=1)[:, :512]
+        mix_t = mix.t().contiguous().t()
+        args = (wide, mix_t, base, scale, 20, 1e-6, 1e-6)
+        assert_gates_equal(ops.mhc_gates.triton(*args, rows=4), ops.mhc_gates.torch(x, mix, base, scale, 20, 1e-6, 1e-6))
+
+    checks.append(("mhc_gates-strided-inputs", strided))
+
+    for nrows, g in SUMSQ_CASES:
+        def sumsq(nrows=nrows, g=g):
+            d, m = 32 * nrows, 5
+            gen = torch.Generator().manual_seed(nrows + g)
+            x = (torch.randn(m, d, generator=gen) * torch.pow(10.0, torch.rand(m, d, generator=gen) * 6 - 3)).bfloat16()
+            x[3:].view(2, nrows, 32)[:, :, 1:] = 0  # one live accumulator: the total is its sum, last bits kept
+            out = torch.empty(m)
+            sumsq_kernel[(triton.cdiv(m, 2),)](x, out, m, D=d, STEP=cascade_step(nrows), G=g, ROWS=2)
+            xf = x.float()
+            want = ordered_sum(xf * xf)
+            assert torch.equal(out.view(torch.int32), want.view(torch.int32)), (out - want).abs().max().item()
+
+        checks.append((f"sumsq_chunked-d{32 * nrows}-chunks{g}", sumsq))
+
+    bad = 0
+    for name, fn in checks:
+        try:
+            fn()
+            print(f"PASS {name}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case
+            bad += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
