@@ -14,7 +14,8 @@ window 128, top-512, contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 p
 batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, shared expert at
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
-bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows).
+bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows);
+`--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py).
 
     python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
 
@@ -558,6 +559,21 @@ def case_moe(targets_only: bool = False):
         torch.cuda.empty_cache()
 
 
+def case_decode():
+    """Decode sizes of the GEMMs: the grouped MoE's SWAP tiles and the dense ordered split-K beside the
+    one-pass kernel, bits compared (benchmark/decode_sweep.py)."""
+    from decode_sweep import sweep
+
+    sweep(bench_graph, record, expert_weights, gemm_weights, PEAK_BW)
+
+
+def case_decode_moe():
+    """Only the MoE half of `case_decode`."""
+    from decode_sweep import sweep_moe
+
+    sweep_moe(bench_graph, record, expert_weights, PEAK_BW)
+
+
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), RoPE rows (device table gather vs
@@ -638,7 +654,8 @@ def main() -> None:
         t0 = time.time()
         try:
             fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
-                  "gemm": case_gemm, "moe": case_moe, "layers": case_layers}[part]
+                  "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "decode": case_decode,
+                  "decode_moe": case_decode_moe}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback

@@ -9,8 +9,9 @@ Two kernels per call, the structure of the twins (`dsv41_kernels.gemm`, docs/num
                                                       equals the twin's (p * a_s) * w_s then add
                                                       (unless a scale product leaves fp32's normal range)
    and one bf16 rounding at the end. SUB blocks (<= 4, i.e. BK = 128) are unrolled per iteration.
-   W4A8: packed E2M1 nibbles (low = even element) become E4M3 bytes in registers (every E2M1
-   value is exact in E4M3), then the same fp8 dot.
+   W4A8: packed E2M1 nibbles (low = even element) become E4M3 bytes of the value times 2**-6 in
+   registers (four bit operations per 4 bytes, `e2m1_block_e4m3`), then the same fp8 dot; the 2**6
+   goes into the activation scale (exact, so the bits are those of an unshifted conversion).
 No split-K and the same per-element arithmetic in every tile config: an output element depends only
 on its own row of x and column of w (batch invariant). The only difference from the twin is the
 32-term partial: the twin adds the 32 exact products one by one in K order in fp32 (DeepSeek's CPU
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.gemm import fp4_linear, fp8_linear
-from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
+from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 
 BLOCK = 32  # MX group along K (activations and weights)
 
@@ -51,13 +52,32 @@ def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constex
     tl.store(s_ptr + g, tl.reshape(s, [BLOCK_G]), mask=ok)
 
 
+# E2M1 -> E4M3 in four bit operations per byte: the code s e1 e0 m, placed as E4M3 bits s 000 e1 e0 m 00,
+# is the E2M1 value times 2**-6 for every code (e1 e0 != 0: 2**(e-7) (1 + m/2); code 1: the E4M3
+# subnormal 4/8 * 2**-6; code 0: 0; code 8: -0). The power-of-two factor is exact in every tensor-core
+# partial (products of E4M3 values stay far above fp32's subnormals), and the kernels put the 2**6 back
+# into the activation scale (`E2M1_UNSHIFT`), which cannot overflow (an MXFP8 scale is <= 2**120).
+E2M1_UNSHIFT = tl.constexpr(64.0)
+_INTERPRET = tl.constexpr(INTERPRET)
+# one 32-bit register holds 4 packed bytes (pack=4): low nibbles -> lo bytes, high nibbles -> hi bytes
+_E2M1_LO_ASM = tl.constexpr("{ .reg .b32 t, u; shl.b32 t, $1, 4; and.b32 t, t, 0x80808080; "
+                            "shl.b32 u, $1, 2; and.b32 u, u, 0x1C1C1C1C; or.b32 $0, t, u; }")
+_E2M1_HI_ASM = tl.constexpr("{ .reg .b32 t, u; and.b32 t, $1, 0x80808080; "
+                            "shr.b32 u, $1, 2; and.b32 u, u, 0x1C1C1C1C; or.b32 $0, t, u; }")
+
+
 @triton.jit
-def _e2m1_to_e4m3(c):
-    """E2M1 code (int32, low 4 bits) -> E4M3 byte of the same value: magnitudes 0, .5, 1, 1.5, 2, 3,
-    4, 6 -> 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C; sign bit 8 -> 0x80 (code 8 = -0)."""
-    mag = c & 7
-    byte = tl.where(mag >= 2, (mag + 12) << 2, mag * 0x30)
-    return byte | ((c & 8) << 4)
+def e2m1_block_e4m3(packed):
+    """Packed E2M1 bytes uint8 [R, 16] (low nibble = even element) -> float8e4nv [R, 32] in K order,
+    each value the E2M1 value times 2**-6 (see above)."""
+    if _INTERPRET:
+        p = packed.to(tl.int32)
+        lo = (((p << 4) & 0x80) | ((p << 2) & 0x1C)).to(tl.uint8)
+        hi = ((p & 0x80) | ((p >> 2) & 0x1C)).to(tl.uint8)
+    else:
+        lo = tl.inline_asm_elementwise(_E2M1_LO_ASM, "=r,r", [packed], dtype=tl.uint8, is_pure=True, pack=4)
+        hi = tl.inline_asm_elementwise(_E2M1_HI_ASM, "=r,r", [packed], dtype=tl.uint8, is_pure=True, pack=4)
+    return tl.reshape(tl.join(lo, hi), [packed.shape[0], 32]).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -93,19 +113,72 @@ def _scaled_mm_kernel(
         for i in tl.static_range(SUB):
             kb = kb0 + i
             a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
+            sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok, other=0.0)
             if FP4:
-                packed = tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0).to(tl.int32)  # [BN, 16]
-                lo = _e2m1_to_e4m3(packed & 15)
-                hi = _e2m1_to_e4m3(packed >> 4)
-                b = tl.reshape(tl.join(lo, hi), [BN, 32]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+                b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))  # [BN, 32], x 2**-6
+                sa = sa * E2M1_UNSHIFT
             else:
                 b = tl.load(w_row + kb * 32, mask=n_ok[:, None], other=0.0)  # e4m3 [BN, 32]
-            sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok, other=0.0)
             sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
             p = tl.dot(a, tl.trans(b))  # fresh fp32 partial of one 32-wide block
             acc = tl.fma(p, sa[:, None] * sw[None, :], acc)
     out = bf16_round(acc).to(tl.bfloat16)  # RNE on the GPU and in the interpreter alike
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_rs + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _block_partials_kernel(
+    q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K,
+    FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, SWAP: tl.constexpr,
+):
+    """Ordered split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..)
+    writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] * sw[n, kb]) - the exact
+    scaled partial `_scaled_mm_kernel` adds (power-of-two scales). Operands as in `_scaled_mm_kernel`.
+    SWAP: the weight rows are the MMA's M side (BN >= 64), the few activation rows its N side."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    KB = K // 32
+    rm = tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = rm < M, rn < N
+    rk = tl.arange(0, 32)
+    a_row = q_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
+    if FP4:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+        sw_row = sw_ptr + rn.to(tl.int64) * sw_rs
+    else:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + rk[None, :]
+        sw_row = sw_ptr + (rn // 32).to(tl.int64) * sw_rs
+    for i in range(KS):
+        kb = pid_k * KS + i
+        k_ok = kb < KB
+        a = tl.load(a_row + kb * 32, mask=m_ok[:, None] & k_ok, other=0.0)
+        sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok & k_ok, other=0.0)
+        if FP4:
+            b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None] & k_ok, other=0))
+            sa = sa * E2M1_UNSHIFT
+        else:
+            b = tl.load(w_row + kb * 32, mask=n_ok[:, None] & k_ok, other=0.0)
+        sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok & k_ok, other=127))
+        base = p_ptr + kb.to(tl.int64) * M * N
+        if SWAP:
+            part = tl.dot(b, tl.trans(a)) * (sw[:, None] * sa[None, :])  # [BN, BM]
+            tl.store(base + rm[None, :] * N + rn[:, None], part, mask=n_ok[:, None] & m_ok[None, :] & k_ok)
+        else:
+            part = tl.dot(a, tl.trans(b)) * (sa[:, None] * sw[None, :])  # [BM, BN]
+            tl.store(base + rm[:, None] * N + rn[None, :], part, mask=m_ok[:, None] & n_ok[None, :] & k_ok)
+
+
+@triton.jit
+def _ordered_sum_kernel(p_ptr, out_ptr, out_rs, M, N, KB, BLOCK: tl.constexpr):
+    """Ordered split-K, pass 2: out[m, n] = bf16(((0 + P[0, m, n]) + P[1, m, n]) + ...), K order, fp32.
+    (Loading 8 blocks as one [8, BLOCK] tile and picking rows out was 5x slower on the H200.)"""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < M * N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for kb in range(KB):
+        acc = acc + tl.load(p_ptr + kb * M * N + i, mask=ok, other=0.0)
+    tl.store(out_ptr + (i // N) * out_rs + i % N, bf16_round(acc).to(tl.bfloat16), mask=ok)
 
 
 # ---------------------------------------------------------------------------------- host side
@@ -124,16 +197,40 @@ def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(torch.float8_e4m3fn), s
 
 
-def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False) -> tuple[int, int, int, int]:
-    """(BM, BN, num_warps, num_stages) by shape, from the H200 sweep in
-    benchmark/results/2026-11-29-h200-kernels.md (gemm variant rows). BM = 64 with 4 warps everywhere
-    keeps every config on the same warpgroup MMA, so the per-element arithmetic is the same for every M
+SPLIT_ROWS = 16
+SPLIT_MAX_N = 2304
+"""Up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two passes); else
+`_scaled_mm_kernel`. H200, benchmark/results/2026-12-01-h200-decode-sweep.md: 1.1-1.2x for wq_a / wkv,
+1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the one-pass grid already
+has 320 tiles and the partials cost more HBM traffic than they save."""
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False) -> tuple:
+    """(BM, BN, num_warps, num_stages) for `_scaled_mm_kernel`, or (BM, BN, num_warps, num_stages, KS,
+    SWAP) for the ordered split-K of decode rows (KS K blocks per program, about 4 programs per SM).
+    From the H200 sweeps in benchmark/results/ (gemm variant rows). The per-block partial is one
+    warpgroup MMA in every config, and the K-order adds are the same, so configs give the same bits
     (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
+    if m <= SPLIT_ROWS and n <= SPLIT_MAX_N:  # too few one-pass tiles for 132 SMs: split K, ~8 programs / SM
+        bn = 64
+        ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * 132))
+        return 16, bn, 4, 4, ks, True
     if m <= 64:  # decode: weight streaming; narrow N tiles give every SM work (FP4 decodes 2x the bytes)
         return 64, 32 if fp4 else 16, 4, 4
     if fp4 and m <= 1024:
         return 64, 32, 4, 4
     return 64, 128, 4, 4
+
+
+def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap):
+    """Ordered split-K: P [K/32, M, N] fp32 of exact scaled block partials, then their K-order sum."""
+    kb = k // BLOCK
+    part = torch.empty(kb, m, n, dtype=torch.float32, device=q.device)
+    _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
+        q, sa, w, w_rs, sw, sw.stride(0), part, m, n, k,
+        FP4=fp4, BM=bm, BN=bn, KS=ks, SWAP=swap, num_warps=warps, num_stages=stages)
+    block = 512
+    _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, kb, BLOCK=block, num_warps=4)
 
 
 def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
@@ -146,11 +243,16 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m and n:
         q, sa = mxfp8_quant_t(x2)
-        bm, bn, warps, stages = config or pick_config(m, n, k, x.device, fp4)
-        kb = k // BLOCK
-        sub = 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
+        config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:
             sw = sw.view(torch.uint8)
+        if len(config) == 6:
+            assert m <= config[0], f"split-K config {config} takes at most {config[0]} rows (got {m})"
+            _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, *config)
+            return out.reshape(*lead, n)
+        bm, bn, warps, stages = config
+        kb = k // BLOCK
+        sub = 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         _scaled_mm_kernel[grid](
             q, sa, w, w_rs, sw, sw.stride(0), out, out.stride(0), m, n, k,
@@ -160,8 +262,8 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
 
 
 @fp8_linear.triton_impl
-def fp8_linear_triton(x, w, w_scale, block: int = BLOCK, config: tuple[int, int, int, int] | None = None):
-    """Same contract as `quant.fp8.fp8_linear` (block must be 32). `config` = (BM, BN, warps, stages)
+def fp8_linear_triton(x, w, w_scale, block: int = BLOCK, config: tuple | None = None):
+    """Same contract as `quant.fp8.fp8_linear` (block must be 32). `config` (a `pick_config` tuple)
     overrides `pick_config` (tests and benchmarks)."""
     n, k = w.shape
     assert block == BLOCK, f"Triton fp8_linear: 32x32 weight blocks only (got {block}); SGLANG_DSV41_TORCH_OPS=fp8_linear"
@@ -173,7 +275,7 @@ def fp8_linear_triton(x, w, w_scale, block: int = BLOCK, config: tuple[int, int,
 
 
 @fp4_linear.triton_impl
-def fp4_linear_triton(x, w_packed, w_scale, config: tuple[int, int, int, int] | None = None):
+def fp4_linear_triton(x, w_packed, w_scale, config: tuple | None = None):
     """Same contract as `quant.fp4.fp4_linear`; `config` as in `fp8_linear_triton`."""
     n, k = w_packed.size(0), 2 * w_packed.size(1)
     assert k % BLOCK == 0 and x.shape[-1] == k, (x.shape, w_packed.shape)
@@ -185,4 +287,4 @@ def fp4_linear_triton(x, w_packed, w_scale, config: tuple[int, int, int, int] | 
     return _scaled_mm(x, w_packed, w_packed.stride(0), w_scale, n, k, True, config)
 
 
-__all__ = ["fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]
+__all__ = ["SPLIT_ROWS", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]

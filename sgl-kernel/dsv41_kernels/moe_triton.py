@@ -7,12 +7,16 @@ Host side (device ops only, no synchronisation, fixed shapes for a given T, k, E
   x is MXFP8-quantized once per token (`mxfp8_quant_t`, bitwise `mxfp8_quant`): every pair of a token
   reads the same bytes the per-expert path would compute.
 Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; two fp8 MMAs per
-  32-wide K block (w1, w3; E2M1 nibbles -> E4M3 in registers), block partial * (scale_x * scale_w)
+  32-wide K block (w1, w3; E2M1 nibbles -> E4M3 bytes of value * 2**-6 in registers, the 2**6 put back
+  in the activation scale, `gemm_triton.e2m1_block_e4m3`), block partial * (scale_x * scale_w)
   accumulated in K order as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
   routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32 columns, bitwise `mxfp8_quant` of
   that h) stored at row p with transposed scales.
 Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block against w2; the bf16
   result goes to output row r = perm[p].
+Tiles: [BM pairs x BN weight rows]. SWAP (decode, `pick_config`) makes the weight rows the MMA's M
+  side and the BM = 16 pairs its N side, so that a tile of a few pairs does not pay for 64 padded rows
+  in the MMA, the scale multiply and the address math; the products and the K-order adds are the same.
 Numerics against the twin: the fp8 tensor-core partials (tolerance of gemm_triton), and silu from
 Triton's exp; nothing depends on which other rows share a tile (batch invariant for a fixed config).
 """
@@ -23,18 +27,27 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.gemm_triton import _e2m1_to_e4m3, mxfp8_quant_t
+from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, e2m1_block_e4m3, mxfp8_quant_t
 from dsv41_kernels.moe import moe_experts
 from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 
 
 @triton.jit
 def _fp4_tile(w_row, kb, n_ok):
-    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32] (low nibble = even element)."""
-    packed = tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0).to(tl.int32)
-    lo = _e2m1_to_e4m3(packed & 15)
-    hi = _e2m1_to_e4m3(packed >> 4)
-    return tl.reshape(tl.join(lo, hi), [packed.shape[0], 32]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32], values x 2**-6 (`e2m1_block_e4m3`)."""
+    return e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))
+
+
+@triton.jit
+def _block_fma(a, b, sa, sw, acc, SWAP: tl.constexpr):
+    """acc + (fp8 partial of one K block) * (sa * sw): a [BM, 32] rows, b [BN, 32] weight rows, sa [BM],
+    sw [BN]. SWAP: the weight rows are the MMA's M side (acc [BN, BM]; a decode tile of a few rows
+    then fills the narrow N side instead of 64 mostly empty M rows)."""
+    if SWAP:
+        out = tl.fma(tl.dot(b, tl.trans(a)), sw[:, None] * sa[None, :], acc)
+    else:
+        out = tl.fma(tl.dot(a, tl.trans(b)), sa[:, None] * sw[None, :], acc)
+    return out
 
 
 @triton.jit
@@ -42,12 +55,13 @@ def _moe_gemm_kernel(
     a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
     w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
     out_ptr, os_ptr, os_rs, N, K, TOPK, limit,
-    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr,
+    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr,
 ):
     """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
     w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
     [E, N, K/32] (sw_es, sw_rs); rw fp32 [R] routing weight of pair r. STAGE1: out uint8 [R, N] at row p,
-    os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p]."""
+    os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p]. SWAP changes only which
+    operand is the MMA's M side (same products, same K-order accumulation)."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_e_ptr + pid_t)
@@ -71,20 +85,25 @@ def _moe_gemm_kernel(
     if STAGE1:
         v_row = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
         sv_row = sv_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        acc2 = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BN], dtype=tl.float32)
     for kb0 in range(0, K // 32, SUB):
         for i in tl.static_range(SUB):
             kb = kb0 + i
             a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
-            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0)
-            b = _fp4_tile(w_row, kb, n_ok)
+            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0) * E2M1_UNSHIFT  # weights come x 2**-6
             sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
-            acc = tl.fma(tl.dot(a, tl.trans(b)), sa[:, None] * sw[None, :], acc)
+            acc = _block_fma(a, _fp4_tile(w_row, kb, n_ok), sa, sw, acc, SWAP)
             if STAGE1:
-                c = _fp4_tile(v_row, kb, n_ok)
                 sv = e8m0_value(tl.load(sv_row + kb, mask=n_ok, other=127))
-                acc2 = tl.fma(tl.dot(a, tl.trans(c)), sa[:, None] * sv[None, :], acc2)
+                acc2 = _block_fma(a, _fp4_tile(v_row, kb, n_ok), sa, sv, acc2, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
     if STAGE1:
         g = bf16_round(acc)
         u = bf16_round(acc2)
@@ -131,16 +150,26 @@ def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: 
     return perm.int(), wt, te.int(), first.int(), ends[tec].int()
 
 
-def pick_config(rows: int) -> tuple[int, int, int, int, int]:
-    """(BM, BN1, BN2, num_warps, num_stages). Narrow N tiles were fastest at every size in the H200
-    sweep (benchmark/results/2026-12-01-h200-kernels-moe.md: T = 8 and 8192 tokens, E = 16); every
-    config gives the same bits."""
-    return 64, 32, 32, 4, 4
+DECODE_ROWS = 512
+"""Up to this many (token, expert) pairs a call runs SWAP tiles: on the H200 2.0-2.9x faster than the
+one-pass [64 pairs x 32 weight rows] tiles at 1 / 8 / 64 tokens, same bits
+(benchmark/results/2026-12-01-h200-decode-sweep.md)."""
+
+
+def pick_config(rows: int) -> tuple[int, int, int, int, int, bool]:
+    """(BM, BN1, BN2, num_warps, num_stages, SWAP). Prefill: narrow N tiles were fastest at every size
+    in the H200 sweep (benchmark/results/2026-12-01-h200-kernels-moe.md). Decode (rows <= DECODE_ROWS):
+    SWAP tiles of 16 pairs against 64 (w1 / w3) or 128 (w2) weight rows. Every config gives the same
+    bits (test_moe_gpu.py), so the switch keeps rows batch invariant."""
+    if rows <= DECODE_ROWS:
+        return 16, 64, 128, 4, 4, True
+    return 64, 32, 32, 4, 4, False
 
 
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
-    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages) overrides pick_config."""
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP]) overrides
+    pick_config (SWAP defaults to False)."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -150,7 +179,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     rows = t * k
     if rows == 0:
         return out
-    bm, bn1, bn2, warps, stages = config or pick_config(rows)
+    bm, bn1, bn2, warps, stages, *swap = config or pick_config(rows)
+    swap = bool(swap and swap[0])
     w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
     s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
     assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
@@ -164,14 +194,14 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
         qx, sx, t, perm, te, first, end, n_exp,
         w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0), s1.stride(1), wt,
         qh, sh, rows, inter, hid, k, float(limit),
-        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, num_warps=warps, num_stages=stages)
+        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, SWAP=swap, num_warps=warps, num_stages=stages)
     i_sub = 4 if (inter // 32) % 4 == 0 else 2 if (inter // 32) % 2 == 0 else 1
     _moe_gemm_kernel[(tiles, triton.cdiv(hid, bn2))](
         qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp,
         w2, w2, w2.stride(0), w2.stride(1), s2, s2, s2.stride(0), s2.stride(1), wt,
         out, sh, rows, hid, inter, k, float(limit),
-        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, num_warps=warps, num_stages=stages)
+        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, SWAP=swap, num_warps=warps, num_stages=stages)
     return out
 
 
-__all__ = ["moe_experts_triton", "pick_config", "routing_tiles"]
+__all__ = ["DECODE_ROWS", "moe_experts_triton", "pick_config", "routing_tiles"]

@@ -23,7 +23,13 @@ def main() -> int:
 
     def moe():
         args = build_moe(9, 3, 5, 128, 96, seed=1)
-        assert_moe_close(ops.moe_experts.triton(*args, 10.0), ops.moe_experts.torch(*args, 10.0))
+        from dsv41_kernels.moe_triton import moe_experts_triton
+
+        got = ops.moe_experts.triton(*args, 10.0)
+        assert_moe_close(got, ops.moe_experts.torch(*args, 10.0))
+        for cfg in ((64, 32, 32, 4, 1), (16, 64, 64, 4, 1, True), (32, 32, 64, 4, 1, True)):  # SWAP tiles: same bits
+            other = moe_experts_triton(*args, 10.0, config=cfg)
+            assert torch.equal(other.view(torch.int16), got.view(torch.int16)), f"config {cfg}"
 
     def norm():
         g = torch.Generator().manual_seed(2)

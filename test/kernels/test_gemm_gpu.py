@@ -19,6 +19,8 @@ NKS = ((100, 64), (100, 512), (1280, 512), (544, 5120), (2304, 5120))  # N ragge
 # every tile config pick_config can choose, plus a few more: (BM, BN, num_warps, num_stages)
 CONFIGS = [(64, 16, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3), (64, 128, 8, 3),
            (128, 64, 4, 3), (64, 256, 8, 3)]
+# ordered split-K of <= 16 rows: (BM, BN, num_warps, num_stages, K blocks per program, SWAP)
+SPLIT_CONFIGS = [(16, 64, 4, 3, 1, True), (16, 64, 4, 3, 5, True), (16, 128, 8, 3, 2, True), (64, 32, 4, 3, 3, False)]
 
 
 def _params():
@@ -72,6 +74,19 @@ def test_tile_configs_bitwise_equal(op):
     case = build_gemm(op, dict(m=300, n=1000, k=512, special=True), 6, "cuda")
     ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
     for cfg in CONFIGS[1:]:
+        got = impl.triton(*case["args"], config=cfg).view(torch.int16)
+        assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_split_k_configs_bitwise_equal(op, m):
+    """The ordered split-K of decode rows (P of exact scaled block partials, summed in K order) gives the
+    bits of the one-pass kernel, in both MMA orientations and for any K blocks per program."""
+    impl = getattr(_ops(), op)
+    case = build_gemm(op, dict(m=m, n=1000, k=512, special=True), 7 + m, "cuda")
+    ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
+    for cfg in SPLIT_CONFIGS:
         got = impl.triton(*case["args"], config=cfg).view(torch.int16)
         assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
 

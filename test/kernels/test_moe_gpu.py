@@ -49,7 +49,8 @@ def test_moe_batch_invariant_and_config_independent():
     for s, n in ((0, 1), (150, 1), (17, 17), (283, 17)):
         part = moe_experts_triton(x[s : s + n], ids[s : s + n], wts[s : s + n], *w, 10.0).view(torch.int16)
         assert torch.equal(part, full[s : s + n]), f"tokens {s}..{s + n - 1}"
-    for cfg in ((64, 32, 32, 4, 4), (64, 64, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3)):
+    for cfg in ((64, 32, 32, 4, 4), (64, 64, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3),
+                (16, 64, 64, 4, 4, True), (32, 64, 128, 4, 3, True), (64, 128, 64, 8, 3, True)):
         got = moe_experts_triton(x, ids, wts, *w, 10.0, config=cfg).view(torch.int16)
         assert torch.equal(got, full), f"config {cfg}"
 

@@ -1,0 +1,114 @@
+"""Decode-size sweep of the W4A8 / W8A8 GEMMs: the grouped MoE's SWAP tiles and the dense GEMMs' ordered
+split-K, each beside the one-pass kernel it replaces, bits compared.
+
+    python benchmark/kernels.py --only decode [--out decode.md]
+
+MoE (`moe_experts_triton`): hidden 5120, inter 2304, top-6, E = 16 / 256 experts, T = 1 / 8 / 64 tokens;
+configs (BM, BN1, BN2, warps, stages, SWAP), the first being the one-pass tiles of the old default.
+Dense (`fp8_linear_triton`, `fp4_linear_triton`): the decode linears of the `bench` / release widths at
+M = 1 / 8 / 16; configs from `gemm_triton.pick_config` (4 entries: one pass; 6: ordered split-K). Per row:
+median GPU time of the whole op from CUDA-graph replays (activation quant and routing included; decode
+sizes rotate enough weight copies to exceed L2), bits equal to the first config's (torch.equal), speed-up
+over it, and GB/s of the weight bytes touched against the HBM copy ceiling measured in the same run.
+A config that fails to compile or run is reported and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HID, INTER, TOPK = 5120, 2304, 6
+MOE_CONFIGS = ((64, 32, 32, 4, 4, False), (16, 64, 64, 4, 4, True), (16, 64, 64, 4, 3, True), (16, 128, 128, 8, 3, True),
+               (32, 64, 64, 4, 4, True), (64, 64, 64, 4, 4, True), (16, 64, 128, 4, 4, True))
+DENSE = {"wq_a": ("fp8", 1280, HID), "wkv": ("fp8", 512, HID), "wq_b": ("fp8", 64 * 512, 1280),
+         "wo_b": ("fp8", HID, 8 * 1024), "shared w1": ("fp8", INTER, HID), "shared w2": ("fp8", HID, INTER),
+         "expert w1": ("fp4", INTER, HID)}
+
+
+def expert_bytes(n_active: int) -> int:
+    """Bytes of w1, w3 ([inter, hid/2] + [inter, hid/32]) and w2 ([hid, inter/2] + [hid, inter/32]) per expert."""
+    return n_active * 3 * (INTER * HID // 2 + INTER * HID // 32)
+
+
+def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same):
+    gbs = nbytes / tv / 1e9
+    record(name, shape, tv, nbytes, flops, note=f"bits == first config: {same}; {t0 / tv:.2f}x the first config; "
+           f"weights {gbs:.0f} GB/s = {gbs * 1e9 / peak_bw:.0%} of the copy ceiling {peak_bw / 1e12:.2f} TB/s")
+    return dict(name=name, shape=shape, us=tv * 1e6, same=same, speedup=t0 / tv, frac=gbs * 1e9 / peak_bw)
+
+
+def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    from dsv41_kernels.moe_triton import moe_experts_triton, pick_config
+
+    out = []
+    for n_exp in (16, 256):
+        w1, s1 = expert_weights(n_exp, INTER, HID)
+        w3, s3 = expert_weights(n_exp, INTER, HID)
+        w2, s2 = expert_weights(n_exp, HID, INTER)
+        for t in (1, 8, 64):
+            g = torch.Generator(device=dev).manual_seed(t + n_exp)
+            x = torch.randn(t, HID, device=dev, generator=g).bfloat16()
+            ids = torch.rand(t, n_exp, device=dev, generator=g).topk(TOPK, dim=-1).indices
+            wts = torch.rand(t, TOPK, device=dev, generator=g)
+            args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
+            nbytes = expert_bytes(int(torch.unique(ids).numel()))
+            ref = moe_experts_triton(*args, config=MOE_CONFIGS[0]).view(torch.int16)
+            t0 = None
+            for cfg in MOE_CONFIGS:
+                try:
+                    tv = bench_graph([lambda c=cfg: moe_experts_triton(*args, config=c)], reps=20)
+                    same = torch.equal(moe_experts_triton(*args, config=cfg).view(torch.int16), ref)
+                except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
+                    print(f"  decode moe E={n_exp} T={t} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                t0 = t0 or tv
+                tag = " (pick_config)" if tuple(cfg) == tuple(pick_config(t * TOPK)) else ""
+                out.append(_row(record, peak_bw, "moe decode", f"E={n_exp} T={t} {cfg}{tag}", tv, t0, nbytes,
+                                6 * t * TOPK * INTER * HID, same))
+            del x, ids, wts, args, ref
+        del w1, s1, w3, s3, w2, s2
+        torch.cuda.empty_cache()
+    return out
+
+
+def sweep_dense(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton, pick_config
+
+    out = []
+    for name, (kind, n, k) in DENSE.items():
+        fn = fp8_linear_triton if kind == "fp8" else fp4_linear_triton
+        wbytes = (n * k if kind == "fp8" else n * k // 2) + n * k // 32
+        sets_n = max(1, min(16, -(-(160 << 20) // wbytes)))  # working set > L2
+        weights = [gemm_weights(kind, n, k) for _ in range(sets_n)]
+        for m in (1, 8, 16):
+            xs = [torch.randn(m, k, device=dev).bfloat16() for _ in range(sets_n)]
+            chosen = tuple(pick_config(m, n, k, dev, kind == "fp4"))
+            ks = max(1, -(-(-(-n // 64) * (k // 32)) // (8 * 132)))  # K blocks per program for ~8 programs / SM
+            configs = [(64, 32 if kind == "fp4" else 16, 4, 4), (16, 64, 4, 4, ks, True), (16, 64, 4, 3, 2 * ks, True),
+                       (16, 64, 4, 4, 4 * ks, True), (64, 32, 4, 4, ks, False)]
+            configs += [chosen] if chosen not in configs else []
+            ref = fn(xs[0], *weights[0], config=configs[0]).view(torch.int16)
+            t0 = None
+            for cfg in configs:
+                try:
+                    tv = bench_graph([lambda x=x, w=w, c=cfg: fn(x, *w, config=c) for x, w in zip(xs, weights)])
+                    same = torch.equal(fn(xs[0], *weights[0], config=cfg).view(torch.int16), ref)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  decode {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                t0 = t0 or tv
+                tag = " (pick_config)" if cfg == chosen else ""
+                out.append(_row(record, peak_bw, f"{kind}_linear decode", f"{name} M={m} N={n} K={k} {cfg}{tag}", tv,
+                                t0, wbytes, 2 * m * n * k, same))
+            del xs, ref
+        del weights
+        torch.cuda.empty_cache()
+    return out
+
+
+def sweep(bench_graph, record, expert_weights, gemm_weights, peak_bw: float) -> list[dict]:
+    rows = sweep_dense(bench_graph, record, gemm_weights, peak_bw) + sweep_moe(bench_graph, record, expert_weights, peak_bw)
+    bad = [r for r in rows if not r["same"]]
+    print(f"decode sweep: {len(rows)} runs, {len(bad)} with bits != the first config"
+          + "".join(f"\n  DIFFERENT BITS {r['name']} {r['shape']}" for r in bad), flush=True)
+    return rows
