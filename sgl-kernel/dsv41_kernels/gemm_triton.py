@@ -229,7 +229,7 @@ def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, 
     _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
         q, sa, w, w_rs, sw, sw.stride(0), part, m, n, k,
         FP4=fp4, BM=bm, BN=bn, KS=ks, SWAP=swap, num_warps=warps, num_stages=stages)
-    block = 512
+    block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
     _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, kb, BLOCK=block, num_warps=4)
 
 
