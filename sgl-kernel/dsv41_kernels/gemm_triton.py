@@ -81,6 +81,21 @@ def e2m1_block_e4m3(packed):
 
 
 @triton.jit
+def _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4: tl.constexpr):
+    """Pointers of K block 0 for activation rows rm and weight rows rn: a [BM, 32] (q e4m3 [M, K]),
+    w [BN, 32] e4m3 or [BN, 16] packed E2M1, and the weight scales [BN] (FP8: one per 32 x 32 tile)."""
+    rk = tl.arange(0, 32)
+    a_row = q_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
+    if FP4:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+        sw_row = sw_ptr + rn.to(tl.int64) * sw_rs
+    else:
+        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + rk[None, :]
+        sw_row = sw_ptr + (rn // 32).to(tl.int64) * sw_rs
+    return a_row, w_row, sw_row
+
+
+@triton.jit
 def _scaled_mm_kernel(
     q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, out_ptr, out_rs, M, N, K,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
@@ -99,14 +114,7 @@ def _scaled_mm_kernel(
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = rm < M, rn < N
-    rk = tl.arange(0, 32)
-    a_row = q_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
-    if FP4:
-        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-        sw_row = sw_ptr + rn.to(tl.int64) * sw_rs
-    else:
-        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + rk[None, :]
-        sw_row = sw_ptr + (rn // 32).to(tl.int64) * sw_rs
+    a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
 
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for kb0 in range(0, K // 32, SUB):
@@ -141,14 +149,7 @@ def _block_partials_kernel(
     rm = tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = rm < M, rn < N
-    rk = tl.arange(0, 32)
-    a_row = q_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]
-    if FP4:
-        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-        sw_row = sw_ptr + rn.to(tl.int64) * sw_rs
-    else:
-        w_row = w_ptr + rn.to(tl.int64)[:, None] * w_rs + rk[None, :]
-        sw_row = sw_ptr + (rn // 32).to(tl.int64) * sw_rs
+    a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
     for i in range(KS):
         kb = pid_k * KS + i
         k_ok = kb < KB
@@ -200,7 +201,7 @@ def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 SPLIT_ROWS = 16
 SPLIT_MAX_N = 2304
 """Up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two passes); else
-`_scaled_mm_kernel`. H200, benchmark/results/2026-12-01-h200-decode-sweep.md: 1.1-1.2x for wq_a / wkv,
+`_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decode-step-sweep.md: 1.1-1.2x for wq_a / wkv,
 1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the one-pass grid already
 has 320 tiles and the partials cost more HBM traffic than they save."""
 

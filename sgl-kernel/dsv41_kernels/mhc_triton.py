@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from dsv41_kernels.mhc import hc_mult, mhc_gates
-from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, max_nan, rms_rstd
+from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, max_nan, rms_rstd, sumsq_finish
 from sglang_dsv41.reduction import cascade_step
 
 if INTERPRET:
@@ -115,35 +115,16 @@ def _sumsq_chunked(src, ok, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr
             a1 = tl.where(up2, zero, a1)
             a3 = tl.where(up3, a3 + a2, a3)
             a2 = tl.where(up3, zero, a2)
-    a0 = zero
-    for r in tl.static_range(FULL * STEP, NROWS):
-        x = tl.load(src + r * 32 + col, mask=ok, other=0.0).to(tl.float32)
-        a0 = a0 + x * x
-    acc = ((a0 + a1) + a2) + a3  # [R, 4, 8]
-    k = tl.arange(0, 4)[None, :, None]
-    v = ((_pick(acc, k, 0, 1) + _pick(acc, k, 1, 1)) + _pick(acc, k, 2, 1)) + _pick(acc, k, 3, 1)  # [R, 8]
-    lane = tl.arange(0, 8)[None, :]
-    total = _pick(v, lane, 0, 1)
-    for i in tl.static_range(1, 8):
-        total = total + _pick(v, lane, i, 1)
-    return total
+    return sumsq_finish(src, ok, col, zero, a1, a2, a3, FULL * STEP, NROWS)
 
 
 @triton.jit
-def _row_sums(m, kk, N: tl.constexpr):
-    """m [R, NP, NP] -> [R, NP, 1]: ((m[:, :, 0] + m[:, :, 1]) + ...) + m[:, :, N-1]."""
-    s = tl.sum(tl.where(kk == 0, m, 0.0), axis=2, keep_dims=True)
-    for k in tl.static_range(1, N):
-        s = s + tl.sum(tl.where(kk == k, m, 0.0), axis=2, keep_dims=True)
-    return s
-
-
-@triton.jit
-def _col_sums(m, jj, N: tl.constexpr):
-    """m [R, NP, NP] -> [R, 1, NP]: ((m[:, 0] + m[:, 1]) + ...) + m[:, N-1]."""
-    s = tl.sum(tl.where(jj == 0, m, 0.0), axis=1, keep_dims=True)
-    for j in tl.static_range(1, N):
-        s = s + tl.sum(tl.where(jj == j, m, 0.0), axis=1, keep_dims=True)
+def _ordered_fold(m, idx, N: tl.constexpr, AXIS: tl.constexpr):
+    """m [R, NP, NP] -> the sum over AXIS kept as size 1, entries 0..N-1 added in order from entry 0
+    (AXIS 2, idx = column index kk: row sums; AXIS 1, idx = row index jj: column sums)."""
+    s = tl.sum(tl.where(idx == 0, m, 0.0), axis=AXIS, keep_dims=True)
+    for i in tl.static_range(1, N):
+        s = s + tl.sum(tl.where(idx == i, m, 0.0), axis=AXIS, keep_dims=True)
     return s
 
 
@@ -182,11 +163,11 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
     c = c + tl.load(base_ptr + off, mask=cok, other=0.0)
     c = tl.where(cok, c, float("-inf"))
     m = _exp(c - tl.reduce(c, 2, max_nan, keep_dims=True))  # NaN-propagating row max (torch.amax)
-    m = tl.math.div_rn(m, _row_sums(m, kk, N)) + hc_eps
-    m = tl.math.div_rn(m, _col_sums(m, jj, N) + hc_eps)
+    m = tl.math.div_rn(m, _ordered_fold(m, kk, N, 2)) + hc_eps
+    m = tl.math.div_rn(m, _ordered_fold(m, jj, N, 1) + hc_eps)
     for _ in range(1, iters):
-        m = tl.math.div_rn(m, _row_sums(m, kk, N) + hc_eps)
-        m = tl.math.div_rn(m, _col_sums(m, jj, N) + hc_eps)
+        m = tl.math.div_rn(m, _ordered_fold(m, kk, N, 2) + hc_eps)
+        m = tl.math.div_rn(m, _ordered_fold(m, jj, N, 1) + hc_eps)
     tl.store(comb_ptr + row[:, None, None] * (N * N) + jj * N + kk, m, mask=ok3)
 
 

@@ -153,7 +153,7 @@ def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: 
 DECODE_ROWS = 512
 """Up to this many (token, expert) pairs a call runs SWAP tiles: on the H200 2.0-2.9x faster than the
 one-pass [64 pairs x 32 weight rows] tiles at 1 / 8 / 64 tokens, same bits
-(benchmark/results/2026-12-01-h200-decode-sweep.md)."""
+(benchmark/results/2026-12-02-h200-decode-step-sweep.md)."""
 
 
 def pick_config(rows: int) -> tuple[int, int, int, int, int, bool]:

@@ -169,8 +169,16 @@ def ordered_sumsq(src, ok, D: tl.constexpr, STEP: tl.constexpr):
             if ((c + 1) * STEP) % (STEP * STEP * STEP) == 0:
                 a3 = a3 + a2
                 a2 = zero
+    return sumsq_finish(src, ok, col, zero, a1, a2, a3, FULL * STEP, NROWS)
+
+
+@triton.jit
+def sumsq_finish(src, ok, col, zero, a1, a2, a3, FIRST: tl.constexpr, NROWS: tl.constexpr):
+    """End of `ordered_sumsq`'s order, given the cascade levels a1..a3 [R, 4, 8] after the full chunks:
+    rows FIRST..NROWS-1 (less than a chunk) into a fresh a0, ((a0 + a1) + a2) + a3, then the 4 ilp
+    columns and the 8 lanes in order -> fp32 [R]. col = the [1, 4, 8] offsets of a row of 32."""
     a0 = zero
-    for r in tl.static_range(FULL * STEP, NROWS):
+    for r in tl.static_range(FIRST, NROWS):
         x = tl.load(src + r * 32 + col, mask=ok, other=0.0).to(tl.float32)
         a0 = a0 + x * x
     acc = ((a0 + a1) + a2) + a3  # [R, 4, 8]

@@ -19,6 +19,7 @@ import triton.language as tl  # noqa: E402
 
 from dsv41_kernels import ops  # noqa: E402
 from dsv41_kernels.mhc_triton import _sumsq_chunked  # noqa: E402
+from check_runner import run_checks  # noqa: E402
 from mhc_cases import assert_gates_equal, build_gates  # noqa: E402
 from sglang_dsv41.reduction import cascade_step, ordered_sum  # noqa: E402
 
@@ -83,15 +84,7 @@ def main() -> int:
 
         checks.append((f"sumsq_chunked-d{32 * nrows}-chunks{g}", sumsq))
 
-    bad = 0
-    for name, fn in checks:
-        try:
-            fn()
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every case
-            bad += 1
-            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-    return 1 if bad else 0
+    return run_checks(checks)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ def main() -> int:
     import torch
 
     from dsv41_kernels import ops
+    from check_runner import run_checks
     from moe_cases import assert_moe_close, build_moe
 
     torch.set_num_threads(1)
@@ -37,15 +38,7 @@ def main() -> int:
         w = torch.rand(640, generator=g).bfloat16()
         assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
 
-    bad = 0
-    for name, fn in (("moe_experts", moe), ("rms_norm", norm)):
-        try:
-            fn()
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every case
-            bad += 1
-            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-    return 1 if bad else 0
+    return run_checks((("moe_experts", moe), ("rms_norm", norm)))
 
 
 if __name__ == "__main__":
