@@ -136,6 +136,22 @@ CLASSES = [
     # found by the fuzzer: a field of the wrong type that SGLang's request model dereferences (was a 500)
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
                               "response_format": [1]}, "wrong type"),
+    # found by the HTTP fuzz of 2026-12: a list rid on a single OpenAI prompt (a list used as a dict key: 500)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "rid": ["a"]},
+     "rid: a single prompt takes one string"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "rid": []}, "rid: a single prompt takes one string"),
+    # a stop regex that does not parse (re.error escaped SGLang's normalize: 500)
+    ("/generate", {"text": "hi", "sampling_params": _sp(stop_regex="(")}, "sampling_params.stop_regex: not a valid"),
+    # a stop regex that backtracks exponentially (40 forced "a" tokens held the scheduler for minutes)
+    ("/generate", {"text": "hi", "sampling_params": _sp(max_new_tokens=40, ignore_eos=True, logit_bias={"100": 100},
+                                                         stop_regex="(a|aa)*b")}, "an alternation inside a repeat"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                              "stop_regex": ["x", "a*a*a*b"]}, "stop_regex[1]: at most one variable-length repeat"),
+    # an empty stop string or a stop regex matching "" stopped every answer before its first token (a silent "")
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stop": ""},
+     "stop: an empty stop string"),
+    ("/generate", {"text": "hi", "sampling_params": _sp(stop=["x", ""])}, "sampling_params.stop[1]: an empty stop"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "stop_regex": "a*"}, "matches the empty string"),
 ]
 
 
@@ -146,6 +162,14 @@ def test_refused_with_a_message_naming_the_field(server, model, path, body, frag
     assert fragment in _message(r), text[:500]
     assert check_reply(Case(0, path, b""), status, text) is None
     assert alive(server) is None
+
+
+def test_safe_stop_regex_still_stops(server):
+    """A stop regex within the rules (one repeat, no empty match) is served and ends the answer at its match."""
+    status, text, r = post(server, "/generate", {"text": "hi", "sampling_params": _sp(
+        max_new_tokens=12, ignore_eos=True, logit_bias={"100": 100}, stop_regex="a{5}")})  # token 100 is "a"
+    assert status == 200, text[:300]
+    assert r.json()["text"] == "aaaaa" and r.json()["meta_info"]["finish_reason"] == {"type": "stop", "matched": "a{5}"}
 
 
 def test_refused_before_the_stream_starts(server, model):

@@ -84,6 +84,10 @@ def test_logit_bias(bias, fragment):
     ({"text": "hi", "image_data": "x"}, "image_data"),
     ({"input_embeds": [[0.0]]}, "input_embeds"),
     ({"text": "ab " * 50_000}, "text: the prompt is 150000 bytes"),
+    ({"text": "hi", "sampling_params": {"stop_regex": "("}}, "sampling_params.stop_regex: not a valid regular expression"),
+    ({"text": "hi", "sampling_params": {"stop_regex": ["x", "(a|aa)*b"]}},
+     "sampling_params.stop_regex[1]: an alternation inside a repeat"),
+    ({"text": "hi", "sampling_params": {"stop": ["x", ""]}}, "sampling_params.stop[1]: an empty stop string"),
 ])
 def test_generate_body(body, fragment):
     assert fragment in generate_body_error(body, LIMITS)
@@ -117,11 +121,17 @@ def _chat(**kw):
     ({"logprobs": V + 1}, "logprobs"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"top_k": 2**31}, "top_k"),
+    ({"rid": ["a"]}, "rid: a single prompt takes one string"),
+    ({"prompt": [5, 6], "rid": []}, "rid: a single prompt takes one string"),
+    ({"stop_regex": "a*a*x"}, "stop_regex: at most one variable-length repeat"),
 ])
 def test_completion_request(kw, fragment):
     assert fragment in completion_request_error(_completion(**kw), LIMITS)
     assert completion_request_error(_completion(prompt=[0, V - 1], n=2, logprobs=V, top_k=-1), LIMITS) is None
     assert completion_request_error(_completion(top_k=10**6), LIMITS) is None  # past V: the whole vocabulary
+    # rid lists SGLang serves: one id per prompt of a batch, or one id with parallel samples
+    assert completion_request_error(_completion(prompt=["a", "b"], rid=["x", "y"]), LIMITS) is None
+    assert completion_request_error(_completion(rid=["x"], n=2, stop_regex=r"\n\n+"), LIMITS) is None
 
 
 @pytest.mark.parametrize("kw, fragment", [
@@ -133,10 +143,36 @@ def test_completion_request(kw, fragment):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                 {"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[1]: 'image_url' parts are not served"),
+    ({"rid": []}, "rid: a single prompt takes one string"),
+    ({"stop_regex": ["("]}, "stop_regex[0]: not a valid regular expression"),
+    ({"stop": ""}, "stop: an empty stop string matches before any text"),
 ])
 def test_chat_request(kw, fragment):
     assert fragment in chat_request_error(_chat(**kw), LIMITS)
     assert chat_request_error(_chat(max_tokens=1, n=2), LIMITS) is None
+    assert chat_request_error(_chat(rid="x", stop_regex="</?answer>"), LIMITS) is None
+
+
+@pytest.mark.parametrize("pattern, fragment", [
+    ("(", "not a valid regular expression"),
+    ("[z-a]", "not a valid regular expression"),
+    ("(a|aa)*b", "an alternation inside a repeat"),
+    ("(a|aa){30}", "an alternation inside a repeat"),
+    ("(a+){30}b", "a variable-length repeat inside a repeat"),
+    ("(?:a+)+", "at most one variable-length repeat"),
+    ("a*a*a*x", "at most one variable-length repeat"),
+    ("\\d+\\.\\d+", "at most one variable-length repeat"),
+    ("(a+)\\1", "backreferences"),
+    ("", "matches the empty string"), ("a*", "matches the empty string"), ("x?|y", "matches the empty string"),
+    ("foo", None), ("foo|bar", None), ("\\n\\n+", None), ("</?answer>", None), ("[0-9]+\\.", None),
+    ("(ab)+", None), ("a{3}b", None), ("x{1,5}", None), ("^\\s*$", "matches the empty string"), ("(?=x)y", None),
+])
+def test_stop_regex_patterns(pattern, fragment):
+    """Parse errors and patterns Python's backtracking matcher could spend super-linear time on are refused."""
+    from sglang_dsv41.sglang.stop_regex import pattern_error
+
+    err = pattern_error(pattern, "stop_regex")
+    assert (err is None) if fragment is None else (err.startswith("stop_regex: ") and fragment in err), err
 
 
 def test_tokenized_request_from_sglang_objects():
@@ -168,6 +204,11 @@ def test_scheduler_admission_check():
         sp.normalize(None)
         req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, sampling_params=sp)
         assert fragment in hooks.check_admitted(None, req)
+    sp = SamplingParams()
+    sp.normalize(None)
+    sp.stop_regex_strs = ["x", "(a|aa)*b"]  # normalize needs a tokenizer for a stop regex; set its result
+    req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, sampling_params=sp)
+    assert "sampling_params.stop_regex[1]: an alternation inside a repeat" in hooks.check_admitted(None, req)
     sp = SamplingParams(top_k=-1, stop_token_ids=[V - 1], logit_bias={"0": -100})
     sp.normalize(None)  # top_k -1 becomes SGLang's TOP_K_ALL
     assert hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0,

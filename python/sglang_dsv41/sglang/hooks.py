@@ -254,6 +254,8 @@ def check_admitted(result, req, *args, **kwargs):
     sp = getattr(req, "sampling_params", None)
     sampling = {name: getattr(sp, name, None) for name in ("top_k", "logit_bias")}
     sampling["stop_token_ids"] = sorted(getattr(sp, "stop_token_ids", None) or ())
+    sampling["stop_regex"] = list(getattr(sp, "stop_regex_strs", None) or ()) or None
+    sampling["stop"] = list(getattr(sp, "stop_strs", None) or ()) or None
     return admitted_error(req.origin_input_ids, getattr(req, "vocab_size", None), getattr(req, "top_logprobs_num", 0),
                           sampling)
 

@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from sglang_dsv41.sglang.stop_regex import pattern_error
+
 MAX_N = 128
 """Most samples one request may ask for (`n`), on every endpoint (OpenAI's own cap)."""
 
@@ -189,7 +191,29 @@ def sampling_error(params: Any, vocab_size: int, field: str = "sampling_params")
         top_k_error(params.get("top_k"), f"{field}.top_k"),
         token_list_error(params.get("stop_token_ids"), vocab_size, f"{field}.stop_token_ids"),
         logit_bias_error(params.get("logit_bias"), vocab_size, f"{field}.logit_bias"),
+        stop_regex_error(params.get("stop_regex"), f"{field}.stop_regex"),
+        stop_strings_error(params.get("stop"), f"{field}.stop"),
     )
+
+
+def stop_strings_error(stop: Any, field: str = "stop") -> str | None:
+    """`stop` (one string or a list): an empty string matches before any text (SGLang tests `"" in tail`),
+    so the answer would always be empty."""
+    for value, name in _indexed(stop, field) if stop is not None else ():
+        if value == "":
+            return f"{name}: an empty stop string matches before any text, so every answer would be empty"
+    return None
+
+
+def stop_regex_error(patterns: Any, field: str = "stop_regex") -> str | None:
+    """`stop_regex` (one pattern or a list): each must parse and be safe for SGLang's matcher (stop_regex.py)."""
+    if patterns is None:
+        return None
+    for pattern, name in _indexed(patterns, field):
+        err = pattern_error(pattern, name) if isinstance(pattern, str) else None
+        if err:
+            return err
+    return None
 
 
 def multimodal_error(values: dict) -> str | None:
@@ -321,8 +345,10 @@ def completion_request_error(request: Any, limits: Limits) -> str | None:
             if not isinstance(text, str):
                 return f"{field}: expected a string, got {type(text).__name__}"
             err = _first(err, empty_text_error(text, limits, field), text_bytes_error(text, limits, field))
+    single = isinstance(prompt, str) or (isinstance(prompt, list) and bool(prompt) and _is_int(prompt[0]))
     return _first(
         err,
+        openai_rid_error(getattr(request, "rid", None), single, request.n),
         n_error(request.n),
         count_error(getattr(request, "best_of", None), "best_of", 1, MAX_N),
         top_logprobs_error(request.logprobs, vocab, "logprobs"),
@@ -336,7 +362,17 @@ def _openai_sampling_error(request: Any, vocab: int) -> str | None:
         top_k_error(getattr(request, "top_k", None), "top_k"),
         token_list_error(request.stop_token_ids, vocab, "stop_token_ids"),
         logit_bias_error(request.logit_bias, vocab, "logit_bias"),
+        stop_regex_error(getattr(request, "stop_regex", None)),
+        stop_strings_error(getattr(request, "stop", None)),
     )
+
+
+def openai_rid_error(rid: Any, single_prompt: bool, n: Any) -> str | None:
+    """`rid` of an OpenAI request: one prompt sampled once takes one string (SGLang's tokenizer manager
+    used a list as a dict key and answered 500). Other shapes are SGLang's to check (it answers 400)."""
+    if isinstance(rid, list) and single_prompt and n in (None, 1):
+        return "rid: a single prompt takes one string, not a list (a list holds one id per prompt of a batch)"
+    return None
 
 
 def chat_request_error(request: Any, limits: Limits) -> str | None:
@@ -351,6 +387,7 @@ def chat_request_error(request: Any, limits: Limits) -> str | None:
                     return (f"messages[{i}].content[{j}]: {kind!r} parts are not served; this server serves "
                             "DeepSeek-V4.1 as a text-only model")
     return _first(
+        openai_rid_error(getattr(request, "rid", None), True, request.n),
         count_error(request.max_tokens, "max_tokens", 1),
         count_error(request.max_completion_tokens, "max_completion_tokens", 1),
         n_error(request.n),
