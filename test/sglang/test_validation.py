@@ -289,3 +289,28 @@ def test_detokenize_ids():
     assert "tokens[1]" in detokenize_request_error([5, 99999], V)
     assert "tokens[1][0]" in detokenize_request_error([[5], [-1]], V)
     assert detokenize_request_error([], V) is None and detokenize_request_error([[0, V - 1]], V) is None
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (5, "stop_regex: expected a string, got int"), ([1], "stop_regex[0]: expected a string, got int"),
+    ([None], "stop_regex[0]: expected a string, got NoneType"), ({"a": 1}, "stop_regex: expected a string, got dict"),
+    ("a" * 5000, "stop_regex: at most 4096 characters"), (["x"] * 65, "stop_regex: at most 64 patterns"),
+    ("(" * 5000 + "a" + ")" * 5000, "stop_regex: at most 4096 characters"), ([], None), (["\\n\\n+"] * 64, None),
+])
+def test_stop_regex_types_and_sizes(value, fragment):
+    from sglang_dsv41.sglang.validation import stop_regex_error
+
+    err = stop_regex_error(value)
+    assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (5, "stop: expected a string, got int"), (["ok", 3.5], "stop[1]: expected a string, got float"),
+    (["x"] * 65, "stop: at most 64 stop strings"), ("y" * 4097, "stop: at most 4096 characters"),
+    (["a", ""], "stop[1]: an empty stop string"), (["</answer>", "\n\n"], None),
+])
+def test_stop_strings_types_and_sizes(value, fragment):
+    from sglang_dsv41.sglang.validation import stop_strings_error
+
+    err = stop_strings_error(value)
+    assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err

@@ -196,10 +196,33 @@ def sampling_error(params: Any, vocab_size: int, field: str = "sampling_params")
     )
 
 
+MAX_STOPS = 64
+"""Most `stop` strings or `stop_regex` patterns one request may give (SGLang searches each on every step)."""
+MAX_STOP_CHARS = 4096
+"""Longest `stop` string or `stop_regex` pattern (a 2 MB pattern took 8 s to parse on the event loop)."""
+
+
+def _stop_list_error(values: Any, field: str, what: str) -> str | None:
+    """One string or a list of at most MAX_STOPS strings, each at most MAX_STOP_CHARS long."""
+    if isinstance(values, list) and len(values) > MAX_STOPS:
+        return f"{field}: at most {MAX_STOPS} {what}s (got {len(values)})"
+    for value, name in _indexed(values, field):
+        if not isinstance(value, str):
+            return f"{name}: expected a string, got {type(value).__name__}"
+        if len(value) > MAX_STOP_CHARS:
+            return f"{name}: at most {MAX_STOP_CHARS} characters (got {len(value)})"
+    return None
+
+
 def stop_strings_error(stop: Any, field: str = "stop") -> str | None:
     """`stop` (one string or a list): an empty string matches before any text (SGLang tests `"" in tail`),
     so the answer would always be empty."""
-    for value, name in _indexed(stop, field) if stop is not None else ():
+    if stop is None:
+        return None
+    err = _stop_list_error(stop, field, "stop string")
+    if err:
+        return err
+    for value, name in _indexed(stop, field):
         if value == "":
             return f"{name}: an empty stop string matches before any text, so every answer would be empty"
     return None
@@ -209,11 +232,12 @@ def stop_regex_error(patterns: Any, field: str = "stop_regex") -> str | None:
     """`stop_regex` (one pattern or a list): each must parse and be safe for SGLang's matcher (stop_regex.py)."""
     if patterns is None:
         return None
-    for pattern, name in _indexed(patterns, field):
-        err = pattern_error(pattern, name) if isinstance(pattern, str) else None
+    err = _stop_list_error(patterns, field, "pattern")
+    for pattern, name in () if err else _indexed(patterns, field):
+        err = pattern_error(pattern, name)
         if err:
-            return err
-    return None
+            break
+    return err
 
 
 def multimodal_error(values: dict) -> str | None:
