@@ -15,7 +15,8 @@ batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, 
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
 bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows);
-`--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py).
+`--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py;
+`--only decode_moe`: its MoE half only).
 
     python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
 

@@ -198,6 +198,12 @@ def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(torch.float8_e4m3fn), s
 
 
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of `device` (132 on the H200 the configs were tuned on)."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
 SPLIT_ROWS = 16
 SPLIT_MAX_N = 2304
 """Up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two passes); else
@@ -212,9 +218,9 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False)
     From the H200 sweeps in benchmark/results/ (gemm variant rows). The per-block partial is one
     warpgroup MMA in every config, and the K-order adds are the same, so configs give the same bits
     (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
-    if m <= SPLIT_ROWS and n <= SPLIT_MAX_N:  # too few one-pass tiles for 132 SMs: split K, ~8 programs / SM
+    if m <= SPLIT_ROWS and n <= SPLIT_MAX_N:  # too few one-pass tiles for the SMs: split K, ~8 programs / SM
         bn = 64
-        ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * 132))
+        ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * _sm_count(device)))
         return 16, bn, 4, 4, ks, True
     if m <= 64:  # decode: weight streaming; narrow N tiles give every SM work (FP4 decodes 2x the bytes)
         return 64, 32 if fp4 else 16, 4, 4
