@@ -4,9 +4,9 @@ split-K, each beside the one-pass kernel it replaces, bits compared.
     python benchmark/kernels.py --only decode [--out decode.md]
 
 MoE (`moe_experts_triton`): hidden 5120, inter 2304, top-6, E = 16 / 256 experts, T = 1 / 8 / 64 tokens;
-configs (BM, BN1, BN2, warps, stages, SWAP), the first being the one-pass tiles of the old default.
+configs (BM, BN1, BN2, warps, stages, SWAP), the first being the one-pass prefill tiles.
 Dense (`fp8_linear_triton`, `fp4_linear_triton`): the decode linears of the `bench` / release widths at
-M = 1 / 8 / 16; configs from `gemm_triton.pick_config` (4 entries: one pass; 6: ordered split-K). Per row:
+M = 1 / 8 / 16 / 64; configs from `gemm_triton.pick_config` (4 entries: one pass; 6: ordered split-K). Per row:
 median GPU time of the whole op from CUDA-graph replays (activation quant and routing included; decode
 sizes rotate enough weight copies to exceed L2), bits equal to the first config's (torch.equal), speed-up
 over it, and GB/s of the weight bytes touched against the HBM copy ceiling measured in the same run.
@@ -71,6 +71,19 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
     return out
 
 
+def dense_configs(m: int, ks: int, fp4: bool) -> list[tuple]:
+    """One-pass tiles (BM, BN, warps, stages), one-pass SWAP tiles (BM activation rows, BN weight rows,
+    warps, stages, 0, True) and, up to 16 rows, ordered split-K (.., KS, SWAP): narrow and wide weight
+    tiles, deeper pipelines (more weight bytes in flight per SM)."""
+    bm = 16 if m <= 16 else 64
+    out = [(64, 64, 4, 4), (64, 64, 4, 6), (64, 32, 4, 6), (64, 32, 4, 8),
+           (bm, 64, 4, 4, 0, True), (bm, 64, 4, 8, 0, True), (bm, 128, 4, 4, 0, True), (bm, 128, 4, 6, 0, True),
+           (bm, 128, 8, 6, 0, True)]
+    if m <= 16:
+        out += [(16, 64, 4, 4, ks, True), (16, 64, 4, 6, ks, True), (16, 64, 4, 4, 2 * ks, True)]
+    return out
+
+
 def sweep_dense(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
     from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton, pick_config
 
@@ -80,12 +93,11 @@ def sweep_dense(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "c
         wbytes = (n * k if kind == "fp8" else n * k // 2) + n * k // 32
         sets_n = max(1, min(16, -(-(160 << 20) // wbytes)))  # working set > L2
         weights = [gemm_weights(kind, n, k) for _ in range(sets_n)]
-        for m in (1, 8, 16):
+        for m in (1, 8, 16, 64):
             xs = [torch.randn(m, k, device=dev).bfloat16() for _ in range(sets_n)]
             chosen = tuple(pick_config(m, n, k, dev, kind == "fp4"))
             ks = max(1, -(-(-(-n // 64) * (k // 32)) // (8 * 132)))  # K blocks per program for ~8 programs / SM
-            configs = [(64, 32 if kind == "fp4" else 16, 4, 4), (16, 64, 4, 4, ks, True), (16, 64, 4, 3, 2 * ks, True),
-                       (16, 64, 4, 4, 4 * ks, True), (64, 32, 4, 4, ks, False)]
+            configs = [(64, 32 if kind == "fp4" else 16, 4, 4)] + dense_configs(m, ks, kind == "fp4")
             configs += [chosen] if chosen not in configs else []
             ref = fn(xs[0], *weights[0], config=configs[0]).view(torch.int16)
             t0 = None
@@ -106,9 +118,13 @@ def sweep_dense(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "c
     return out
 
 
-def sweep(bench_graph, record, expert_weights, gemm_weights, peak_bw: float) -> list[dict]:
-    rows = sweep_dense(bench_graph, record, gemm_weights, peak_bw) + sweep_moe(bench_graph, record, expert_weights, peak_bw)
+def report(rows: list[dict]) -> list[dict]:
     bad = [r for r in rows if not r["same"]]
     print(f"decode sweep: {len(rows)} runs, {len(bad)} with bits != the first config"
           + "".join(f"\n  DIFFERENT BITS {r['name']} {r['shape']}" for r in bad), flush=True)
     return rows
+
+
+def sweep(bench_graph, record, expert_weights, gemm_weights, peak_bw: float) -> list[dict]:
+    return report(sweep_dense(bench_graph, record, gemm_weights, peak_bw)
+                  + sweep_moe(bench_graph, record, expert_weights, peak_bw))

@@ -8,7 +8,10 @@ Two kernels per call, the structure of the twins (`dsv41_kernels.gemm`, docs/num
        acc = fma(p, a_s[m, kb] * w_s[n, kb], acc)     power-of-two scales: p * s is exact, so this
                                                       equals the twin's (p * a_s) * w_s then add
                                                       (unless a scale product leaves fp32's normal range)
-   and one bf16 rounding at the end. SUB blocks (<= 4, i.e. BK = 128) are unrolled per iteration.
+   and one bf16 rounding at the end. SUB blocks (<= 4, i.e. BK = 128) are unrolled per iteration, and
+   their scales are loaded one iteration ahead: Triton pipelines only the dot operands, and a scale load
+   waited on in its own iteration stalled every iteration for a memory latency (H200 decode GEMMs ran at
+   5-20% of HBM bandwidth).
    W4A8: packed E2M1 nibbles (low = even element) become E4M3 bytes of the value times 2**-6 in
    registers (four bit operations per 4 bytes, `e2m1_block_e4m3`), then the same fp8 dot; the 2**6
    goes into the activation scale (exact, so the bits are those of an unshifted conversion).
@@ -96,13 +99,49 @@ def _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4: tl.conste
 
 
 @triton.jit
+def _block_scales(sa_ptr, sa_rs, arow, m_ok, sw_row, n_ok, kb, KB):
+    """Scales of K block kb: sa fp32 [BM] (rows arow of sa [K/32, sa_rs]), sw fp32 [BN] (UE8M0 at
+    sw_row + kb, decoded). A block past the last (kb >= KB, a prefetch) reads nothing: sa 0, sw 1."""
+    ok = kb < KB
+    sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok & ok, other=0.0)
+    sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok & ok, other=127))
+    return sa, sw
+
+
+@triton.jit
+def _block_partial(a_row, w_row, kb, m_ok, n_ok, sa, sw, FP4: tl.constexpr, SWAP: tl.constexpr):
+    """The scaled fp32 partial of K block kb: fp8 dot of a [BM, 32] and w [BN, 32] (one K = 32 tensor-core
+    MMA) times sa[m] * sw[n]; [BM, BN], or [BN, BM] with SWAP (the weight rows are the MMA's M side).
+    Returns (dot, scale product) unmultiplied, so the caller can fma them into its accumulator."""
+    a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
+    if FP4:
+        b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))  # [BN, 32], x 2**-6
+        sa = sa * E2M1_UNSHIFT
+    else:
+        b = tl.load(w_row + kb * 32, mask=n_ok[:, None], other=0.0)  # e4m3 [BN, 32]
+    if SWAP:
+        p = tl.dot(b, tl.trans(a))
+        s = sw[:, None] * sa[None, :]
+    else:
+        p = tl.dot(a, tl.trans(b))
+        s = sa[:, None] * sw[None, :]
+    return p, s
+
+
+@triton.jit
 def _scaled_mm_kernel(
     q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, out_ptr, out_rs, M, N, K,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """q e4m3 [M, K] (contiguous), sa fp32 [K/32, M]; FP8: w e4m3 [N, K] (row stride w_rs), sw uint8
     [ceil(N/32), >= K/32] (row stride sw_rs); FP4: w uint8 [N, K/2], sw uint8 [N, >= K/32].
-    out bf16 [M, N] (row stride out_rs). K % (32 * SUB) == 0."""
+    out bf16 [M, N] (row stride out_rs). K % (32 * SUB) == 0, SUB in (1, 2, 4).
+    The operand tiles are software-pipelined by Triton; with PREFETCH the scales (plain loads, which it
+    does not pipeline) of the next SUB blocks are loaded one iteration ahead, so their latency hides
+    behind this iteration's MMAs instead of stalling every iteration (decode tiles; in a wide tile the
+    broadcast scale vectors take too many registers per thread). SWAP: the BN weight rows are the MMA's M
+    side and the BM (few, decode) activation rows its N side; same products, same K-order adds."""
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     group = pid // (GROUP_M * num_n)  # grouped launch order: GROUP_M row tiles share weight tiles in L2
@@ -115,23 +154,60 @@ def _scaled_mm_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = rm < M, rn < N
     a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
-
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for kb0 in range(0, K // 32, SUB):
-        for i in tl.static_range(SUB):
-            kb = kb0 + i
-            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
-            sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok, other=0.0)
-            if FP4:
-                b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))  # [BN, 32], x 2**-6
-                sa = sa * E2M1_UNSHIFT
-            else:
-                b = tl.load(w_row + kb * 32, mask=n_ok[:, None], other=0.0)  # e4m3 [BN, 32]
-            sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
-            p = tl.dot(a, tl.trans(b))  # fresh fp32 partial of one 32-wide block
-            acc = tl.fma(p, sa[:, None] * sw[None, :], acc)
+    KB = K // 32
+    if PREFETCH:  # the scales of iteration 0
+        sa0, sw0 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, 0, KB)
+        if SUB > 1:
+            sa1, sw1 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, 1, KB)
+        if SUB > 2:
+            sa2, sw2 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, 2, KB)
+            sa3, sw3 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, 3, KB)
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kb0 in range(0, KB, SUB):
+        # this iteration's scales: loaded the iteration before (PREFETCH) or now
+        if PREFETCH:
+            nsa0, nsw0 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + SUB, KB)
+            if SUB > 1:
+                nsa1, nsw1 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + SUB + 1, KB)
+            if SUB > 2:
+                nsa2, nsw2 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + SUB + 2, KB)
+                nsa3, nsw3 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + SUB + 3, KB)
+        # K order: acc = fma(partial, sa * sw, acc), block by block (exact scale products); one partial
+        # live at a time (Triton waits for each MMA anyway, and four live [64, 128] partials spill);
+        # without PREFETCH each block loads its scales just before its MMA (fewer live registers)
+        if not PREFETCH:
+            sa0, sw0 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0, KB)
+        p, s = _block_partial(a_row, w_row, kb0, m_ok, n_ok, sa0, sw0, FP4, SWAP)
+        acc = tl.fma(p, s, acc)
+        if SUB > 1:
+            if not PREFETCH:
+                sa1, sw1 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + 1, KB)
+            p, s = _block_partial(a_row, w_row, kb0 + 1, m_ok, n_ok, sa1, sw1, FP4, SWAP)
+            acc = tl.fma(p, s, acc)
+        if SUB > 2:
+            if not PREFETCH:
+                sa2, sw2 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + 2, KB)
+            p, s = _block_partial(a_row, w_row, kb0 + 2, m_ok, n_ok, sa2, sw2, FP4, SWAP)
+            acc = tl.fma(p, s, acc)
+            if not PREFETCH:
+                sa3, sw3 = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb0 + 3, KB)
+            p, s = _block_partial(a_row, w_row, kb0 + 3, m_ok, n_ok, sa3, sw3, FP4, SWAP)
+            acc = tl.fma(p, s, acc)
+        if PREFETCH:
+            sa0, sw0 = nsa0, nsw0
+            if SUB > 1:
+                sa1, sw1 = nsa1, nsw1
+            if SUB > 2:
+                sa2, sw2 = nsa2, nsw2
+                sa3, sw3 = nsa3, nsw3
     out = bf16_round(acc).to(tl.bfloat16)  # RNE on the GPU and in the interpreter alike
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_rs + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+    if SWAP:  # [BN, BM]
+        tl.store(out_ptr + rm.to(tl.int64)[None, :] * out_rs + rn[:, None], out, mask=n_ok[:, None] & m_ok[None, :])
+    else:
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_rs + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -141,7 +217,8 @@ def _block_partials_kernel(
 ):
     """Ordered split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..)
     writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] * sw[n, kb]) - the exact
-    scaled partial `_scaled_mm_kernel` adds (power-of-two scales). Operands as in `_scaled_mm_kernel`.
+    scaled partial `_scaled_mm_kernel` adds (power-of-two scales). Operands as in `_scaled_mm_kernel`;
+    the next block's scales are loaded one block ahead.
     SWAP: the weight rows are the MMA's M side (BN >= 64), the few activation rows its N side."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -150,24 +227,19 @@ def _block_partials_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = rm < M, rn < N
     a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
+    sa, sw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, pid_k * KS, KB)
     for i in range(KS):
         kb = pid_k * KS + i
         k_ok = kb < KB
-        a = tl.load(a_row + kb * 32, mask=m_ok[:, None] & k_ok, other=0.0)
-        sa = tl.load(sa_ptr + kb * M + rm, mask=m_ok & k_ok, other=0.0)
-        if FP4:
-            b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None] & k_ok, other=0))
-            sa = sa * E2M1_UNSHIFT
-        else:
-            b = tl.load(w_row + kb * 32, mask=n_ok[:, None] & k_ok, other=0.0)
-        sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok & k_ok, other=127))
+        nsa, nsw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb + 1, KB)
+        p, s = _block_partial(a_row, w_row, kb, m_ok & k_ok, n_ok & k_ok, sa, sw, FP4, SWAP)
+        part = p * s
         base = p_ptr + kb.to(tl.int64) * M * N
-        if SWAP:
-            part = tl.dot(b, tl.trans(a)) * (sw[:, None] * sa[None, :])  # [BN, BM]
+        if SWAP:  # [BN, BM]
             tl.store(base + rm[None, :] * N + rn[:, None], part, mask=n_ok[:, None] & m_ok[None, :] & k_ok)
-        else:
-            part = tl.dot(a, tl.trans(b)) * (sa[:, None] * sw[None, :])  # [BM, BN]
+        else:  # [BM, BN]
             tl.store(base + rm[:, None] * N + rn[None, :], part, mask=m_ok[:, None] & n_ok[None, :] & k_ok)
+        sa, sw = nsa, nsw
 
 
 @triton.jit
@@ -208,22 +280,28 @@ SPLIT_ROWS = 16
 SPLIT_MAX_N = 2304
 """Up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two passes); else
 `_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decode-step-sweep.md: 1.1-1.2x for wq_a / wkv,
-1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the one-pass grid already
-has 320 tiles and the partials cost more HBM traffic than they save."""
+1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the partials cost more HBM
+traffic than they save (benchmark/results/2026-12-02-h200-decode-gemm.md: the one-pass SWAP tiles win there)."""
 
 
 def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False) -> tuple:
-    """(BM, BN, num_warps, num_stages) for `_scaled_mm_kernel`, or (BM, BN, num_warps, num_stages, KS,
-    SWAP) for the ordered split-K of decode rows (KS K blocks per program, about 4 programs per SM).
-    From the H200 sweeps in benchmark/results/ (gemm variant rows). The per-block partial is one
-    warpgroup MMA in every config, and the K-order adds are the same, so configs give the same bits
-    (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
+    """(BM, BN, num_warps, num_stages) for `_scaled_mm_kernel`, (BM, BN, num_warps, num_stages, 0, SWAP)
+    for it with SWAP tiles, or (BM, BN, num_warps, num_stages, KS, SWAP) with KS > 0 for the ordered
+    split-K of decode rows (KS K blocks per program, about 8 programs per SM). From the H200 sweeps
+    (benchmark/results/2026-12-02-h200-decode-gemm.md; prefill sizes: the gemm variant rows). The
+    per-block partial is one warpgroup MMA in every config, and the K-order adds are the same, so
+    configs give the same bits (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
     if m <= SPLIT_ROWS and n <= SPLIT_MAX_N:  # too few one-pass tiles for the SMs: split K, ~8 programs / SM
         bn = 64
         ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * _sm_count(device)))
         return 16, bn, 4, 4, ks, True
-    if m <= 64:  # decode: weight streaming; narrow N tiles give every SM work (FP4 decodes 2x the bytes)
-        return 64, 32 if fp4 else 16, 4, 4
+    if m <= SPLIT_ROWS and not fp4:  # wide decode GEMMs: 64 weight rows per program as the MMA's M side;
+        # at K > 4096 (wo_b) 8 rows ran 35% slower than 1 or 16 rows with SWAP, so plain 64-wide tiles
+        return (16, 64, 4, 4, 0, True) if k <= 4096 else (64, 64, 4, 4)
+    if m <= 64:  # decode: weight streaming (FP4 decodes 2x the bytes per weight row)
+        if fp4:
+            return 64, 32, 4, 4
+        return (64, 64, 4, 4) if n >= 4096 else (64, 32, 4, 6)
     if fp4 and m <= 1024:
         return 64, 32, 4, 4
     return 64, 128, 4, 4
@@ -240,6 +318,13 @@ def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, 
     _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, kb, BLOCK=block, num_warps=4)
 
 
+def _prefetch(bm: int, bn: int, swap: bool, fp4: bool) -> bool:
+    """Whether `_scaled_mm_kernel` loads scales one iteration ahead: FP8 tiles whose MMA N side (where a
+    broadcast scale vector costs registers in every thread) is at most 64 wide. H200: 1.1-1.5x on decode
+    tiles; prefill tiles (N side 128) and W4A8 tiles lost 5-20% to register pressure."""
+    return not fp4 and (bm if swap else bn) <= 64
+
+
 def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
     """x [..., K] -> bf16 [..., N]; w / sw as `_scaled_mm_kernel` takes them (w_rs = w's row stride)."""
     lead = x.shape[:-1]
@@ -253,17 +338,19 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
         config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:
             sw = sw.view(torch.uint8)
-        if len(config) == 6:
+        if len(config) == 6 and config[4] > 0:
             assert m <= config[0], f"split-K config {config} takes at most {config[0]} rows (got {m})"
             _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, *config)
             return out.reshape(*lead, n)
-        bm, bn, warps, stages = config
+        bm, bn, warps, stages = config[:4]
+        swap = bool(config[5]) if len(config) == 6 else False
         kb = k // BLOCK
         sub = 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         _scaled_mm_kernel[grid](
             q, sa, w, w_rs, sw, sw.stride(0), out, out.stride(0), m, n, k,
-            FP4=fp4, BM=bm, BN=bn, SUB=sub, GROUP_M=8, num_warps=warps, num_stages=stages,
+            FP4=fp4, BM=bm, BN=bn, SUB=sub, GROUP_M=8, SWAP=swap, PREFETCH=_prefetch(bm, bn, swap, fp4),
+            num_warps=warps, num_stages=stages,
         )
     return out.reshape(*lead, n)
 

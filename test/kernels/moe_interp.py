@@ -1,5 +1,7 @@
 """Runs the grouped MoE and RMSNorm Triton kernels through Triton's CPU interpreter on small
-cases against their twins; prints 'PASS name' / 'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
+cases against their twins, and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
+split-K; 1, 2 and 4 K blocks per iteration) against each other, bit for bit; prints 'PASS name' /
+'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -32,13 +34,26 @@ def main() -> int:
             other = moe_experts_triton(*args, 10.0, config=cfg)
             assert torch.equal(other.view(torch.int16), got.view(torch.int16)), f"config {cfg}"
 
+    def gemm_configs():
+        from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton
+        from kernel_cases import build
+
+        configs = ((64, 64, 4, 4), (16, 64, 4, 4, 0, True), (64, 32, 4, 4, 0, True), (16, 64, 4, 4, 3, True))
+        for op, fn in (("fp8_linear", fp8_linear_triton), ("fp4_linear", fp4_linear_triton)):
+            for m, n, k in ((1, 96, 128), (8, 40, 64), (20, 33, 96)):  # 4, 2, 1 K blocks per iteration
+                args = build(op, dict(m=m, n=n, k=k, special=True), 30 + m, "cpu")["args"]
+                ref = fn(*args, config=(64, 16, 4, 4)).view(torch.int16)
+                for cfg in configs if m <= 16 else configs[:3]:
+                    got = fn(*args, config=cfg).view(torch.int16)
+                    assert torch.equal(got, ref), f"{op} m={m} n={n} k={k} config {cfg}"
+
     def norm():
         g = torch.Generator().manual_seed(2)
         x = (torch.randn(5, 640, generator=g) * 3).bfloat16()
         w = torch.rand(640, generator=g).bfloat16()
         assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
 
-    return run_checks((("moe_experts", moe), ("rms_norm", norm)))
+    return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm)))
 
 
 if __name__ == "__main__":

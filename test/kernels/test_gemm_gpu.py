@@ -16,9 +16,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 MS = (0, 1, 7, 64, 300)
 NKS = ((100, 64), (100, 512), (1280, 512), (544, 5120), (2304, 5120))  # N ragged (100) and 32-aligned
-# every tile config pick_config can choose, plus a few more: (BM, BN, num_warps, num_stages)
-CONFIGS = [(64, 16, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3), (64, 128, 8, 3),
-           (128, 64, 4, 3), (64, 256, 8, 3)]
+# every one-pass tile config pick_config can choose, plus a few more: (BM, BN, num_warps, num_stages), and
+# SWAP tiles (BM activation rows, BN weight rows as the MMA's M side, num_warps, num_stages, 0, True)
+CONFIGS = [(64, 16, 4, 4), (64, 32, 4, 4), (64, 32, 4, 6), (64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3),
+           (64, 128, 8, 3), (128, 64, 4, 3), (64, 256, 8, 3), (16, 64, 4, 4, 0, True), (64, 64, 4, 6, 0, True),
+           (16, 128, 8, 4, 0, True)]
 # ordered split-K of <= 16 rows: (BM, BN, num_warps, num_stages, K blocks per program, SWAP)
 SPLIT_CONFIGS = [(16, 64, 4, 3, 1, True), (16, 64, 4, 3, 5, True), (16, 128, 8, 3, 2, True), (64, 32, 4, 3, 3, False)]
 
@@ -55,16 +57,20 @@ def test_gemm_matches_twin(op, params, seed):
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
-def test_batch_invariance(op):
-    """Rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in an M=17 call."""
+@pytest.mark.parametrize("n, k", [(2304, 5120), (5120, 2304), (5120, 8192)])
+def test_batch_invariance(op, n, k):
+    """Rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in an M=17 call
+    (the shapes take the split-K, SWAP one-pass and 64-wide one-pass decode configs of pick_config)."""
     impl = getattr(_ops(), op)
-    case = build_gemm(op, dict(m=300, n=2304, k=5120, special=True), 5, "cuda")
+    case = build_gemm(op, dict(m=300, n=n, k=k, special=True), 5, "cuda")
     x, w, ws = case["args"]
     full = impl.triton(x, w, ws).view(torch.int16)
     for i in (0, 1, 3, 150, 299):
         assert torch.equal(impl.triton(x[i : i + 1], w, ws).view(torch.int16), full[i : i + 1]), f"row {i} alone"
     for s in (0, 17, 283):
         assert torch.equal(impl.triton(x[s : s + 17], w, ws).view(torch.int16), full[s : s + 17]), f"rows {s}..{s + 16}"
+    for s in (0, 40):
+        assert torch.equal(impl.triton(x[s : s + 8], w, ws).view(torch.int16), full[s : s + 8]), f"rows {s}..{s + 7}"
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
@@ -86,7 +92,7 @@ def test_split_k_configs_bitwise_equal(op, m):
     impl = getattr(_ops(), op)
     case = build_gemm(op, dict(m=m, n=1000, k=512, special=True), 7 + m, "cuda")
     ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
-    for cfg in SPLIT_CONFIGS:
+    for cfg in SPLIT_CONFIGS + [c for c in CONFIGS if len(c) == 6]:
         got = impl.triton(*case["args"], config=cfg).view(torch.int16)
         assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
 
