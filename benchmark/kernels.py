@@ -14,9 +14,10 @@ window 128, top-512, contexts 4K / 32K / 128K (ratio-2 index sources see ctx/2 p
 batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, shared expert at
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
-bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows);
+bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows, mHC
+stream collapse / expand at T = 8 / 8192);
 `--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py;
-`--only decode_moe`: its MoE half only).
+`--only decode_moe` / `decode_dense`: its MoE / dense half only).
 
     python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
 
@@ -570,15 +571,23 @@ def case_decode():
 
 def case_decode_moe():
     """Only the MoE half of `case_decode`."""
-    from decode_sweep import sweep_moe
+    from decode_sweep import report, sweep_moe
 
-    sweep_moe(bench_graph, record, expert_weights, PEAK_BW)
+    report(sweep_moe(bench_graph, record, expert_weights, PEAK_BW))
+
+
+def case_decode_dense():
+    """Only the dense half of `case_decode`."""
+    from decode_sweep import report, sweep_dense
+
+    report(sweep_dense(bench_graph, record, gemm_weights, PEAK_BW))
 
 
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
-    Triton launch vs the twin's torch formulation of the fixed order), RoPE rows (device table gather vs
-    the CPU build + copy per call)."""
+    Triton launch vs the twin's torch formulation of the fixed order), mHC stream collapse / expand (one
+    launch vs the twins' [T, H] fp32 temporaries), RoPE rows (device table gather vs the CPU build + copy
+    per call)."""
     from sglang_dsv41.layers.rope import Rotary
 
     for t in (8, 8192):
@@ -588,6 +597,20 @@ def case_layers():
             same = torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
             timed("rms_norm", f"t={t} d={d}", ops.rms_norm, (x, w, 1e-6), t * d * 4 + d * 2, 0, twin_rep=10,
                   note=f"bitwise equal to the twin: {same}")
+    for t in (8, 8192):  # mHC stream collapse / expand, n = 4 bf16 streams of H = 5120
+        n, h = 4, HID
+        r = torch.randn(t, n, h, device=DEV).bfloat16()
+        y = torch.randn(t, h, device=DEV).bfloat16()
+        pre, post, comb = torch.rand(t, n, device=DEV), torch.rand(t, n, device=DEV) * 2, torch.rand(t, n, n, device=DEV)
+        same = torch.equal(ops.mhc_collapse.triton(r, pre).view(torch.int16), ops.mhc_collapse.torch(r, pre).view(torch.int16))
+        timed("mhc_collapse", f"t={t} n={n} H={h}", ops.mhc_collapse, (r, pre), t * n * h * 2 + t * n * 4 + t * h * 2, 2 * t * n * h,
+              twin_rep=10, note=f"bitwise equal to the twin: {same}")
+        same = torch.equal(ops.mhc_expand.triton(y, r, post, comb).view(torch.int16),
+                           ops.mhc_expand.torch(y, r, post, comb).view(torch.int16))
+        timed("mhc_expand", f"t={t} n={n} H={h}", ops.mhc_expand, (y, r, post, comb),
+              t * n * h * 2 + t * h * 2 + t * (n + n * n) * 4 + t * n * h * 2, 2 * t * n * h * (n + 1), twin_rep=10,
+              note=f"bitwise equal to the twin: {same}")
+        del r, y
     import types
 
     rope_cfg = types.SimpleNamespace(rope=types.SimpleNamespace(rope_head_dim=64, theta=10000.0, compress_theta=160000.0,
@@ -656,7 +679,7 @@ def main() -> None:
         try:
             fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
                   "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "decode": case_decode,
-                  "decode_moe": case_decode_moe}[part]
+                  "decode_moe": case_decode_moe, "decode_dense": case_decode_dense}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback

@@ -1,4 +1,4 @@
-"""mHC gates op: everything of one hyper-connection site after its fp32 GEMM, as one kernel launch.
+"""mHC ops: a hyper-connection site's gates after its fp32 GEMM, and the stream collapse / expand.
 
     mhc_gates(x, mix, base, scale, iters, hc_eps, norm_eps) -> (pre [T,n], post [T,n], comb [T,n,n]) fp32
 
@@ -13,6 +13,18 @@ Row sums add the columns left to right, column sums the rows top to bottom, one 
 The statistic is `sglang_dsv41.reduction.mean_square` (DeepSeek's fp32 order). sigmoid and exp are
 torch's on the tensor's device; the Triton kernel (mhc_triton.py) reproduces them on CUDA.
 The twin's torch formulation is ~160 small launches per call on a GPU.
+
+    mhc_collapse(streams, pre) -> [T, H]               (dtype of streams)
+    mhc_expand(y, streams, post, comb) -> [T, n, H]     (dtype of y)
+
+streams [T, n, H] bf16|fp32 (the residual streams R), pre / post [T, n] and comb [T, n, n] fp32 (row-major
+(j, k)), y [T, H] bf16|fp32 (the sublayer output). In fp32, each product and each add rounded once:
+  collapse:  acc = +0;  acc = acc + pre[:, j] * R[:, j]                   for j = 0, 1, .., n-1
+  expand:    mixed_k = +0;  mixed_k = mixed_k + comb[:, j, k] * R[:, j]   for j = 0, 1, .., n-1
+             out[:, k] = (post[:, k] * y) + mixed_k
+then one round-to-nearest-even cast to the output dtype. The +0 start matters only for signed zeros
+(all-(-0) terms give +0). The twins' [T, H] fp32 temporaries are ~3n (collapse) and ~3n^2 (expand)
+launches on a GPU; the kernels (mhc_triton.py) read each input once and write the output once.
 """
 
 from __future__ import annotations
@@ -68,4 +80,30 @@ def mhc_gates(x: torch.Tensor, mix: torch.Tensor, base: torch.Tensor, scale: tor
     return pre, post, comb
 
 
-attach_kernels("dsv41_kernels.mhc_triton", "mhc_gates")
+@register("mhc_collapse")
+def mhc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """streams [T, n, H] bf16|fp32, pre [T, n] fp32 -> [T, H] in streams' dtype: sum over j from +0,
+    j ascending, of pre[:, j] * R[:, j] in fp32 (module docstring), one cast."""
+    t, n, h = streams.shape
+    acc = torch.zeros(t, h, dtype=torch.float32, device=streams.device)
+    for j in range(n):
+        acc = acc + pre[:, j].unsqueeze(1) * streams[:, j].to(torch.float32)
+    return acc.to(streams.dtype)
+
+
+@register("mhc_expand")
+def mhc_expand(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """y [T, H], streams [T, n, H] (bf16|fp32), post [T, n], comb [T, n, n] fp32 -> [T, n, H] in y's
+    dtype: out[:, k] = (post[:, k] * y) + (sum over j from +0, j ascending, of comb[:, j, k] * R[:, j]),
+    fp32, one cast (module docstring)."""
+    t, n, h = streams.shape
+    mixed = [torch.zeros(t, h, dtype=torch.float32, device=streams.device) for _ in range(n)]
+    for j in range(n):  # the source stream j outer: each mixed[k] still adds j = 0, 1, .. in order
+        r = streams[:, j].to(torch.float32)
+        for k in range(n):
+            mixed[k] = mixed[k] + comb[:, j, k].unsqueeze(1) * r
+    yf = y.to(torch.float32)
+    return torch.stack([post[:, k].unsqueeze(1) * yf + mixed[k] for k in range(n)], dim=1).to(y.dtype)
+
+
+attach_kernels("dsv41_kernels.mhc_triton", "mhc_gates", "mhc_collapse", "mhc_expand")

@@ -1,4 +1,5 @@
-"""Triton mHC gates (`dsv41_kernels.mhc`): one launch per call, ROWS rows per program.
+"""Triton mHC ops (`dsv41_kernels.mhc`): the gates (one launch per call, ROWS rows per program) and the
+stream collapse / expand (end of file).
 
 Per row: the sum of squares of the n*H stream values in `reduction.ordered_sum`'s order
 (`_sumsq_chunked`, below), rstd = rsqrt(sum / D + norm_eps) (`rms_rstd`), the (2+n)n mixes times rstd, times
@@ -42,8 +43,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from dsv41_kernels.mhc import hc_mult, mhc_gates
-from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, max_nan, rms_rstd, sumsq_finish
+from dsv41_kernels.mhc import hc_mult, mhc_collapse, mhc_expand, mhc_gates
+from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, max_nan, rms_rstd, sumsq_finish
 from sglang_dsv41.reduction import cascade_step
 
 if INTERPRET:
@@ -203,4 +204,134 @@ def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: f
     return pre, post, comb
 
 
-__all__ = ["mhc_gates_triton"]
+# ------------------------------------------------------------------ stream collapse / expand
+# Memory bound: one program per (TB tokens, BH columns of H), every input element read once (bf16 or
+# fp32, 16-byte loads along H), the output written once. The n streams are a constexpr loop (N <= 4);
+# the expand keeps its n outputs as an [TB, NP, BH] tile (NP = next power of two >= N, padded rows
+# masked) so each stream is loaded once and added into all n sums. Products and adds are separate IEEE
+# fp32 ops (NO_FMA), sums start from +0 and run over j ascending (the twins' order); the one bf16
+# rounding at the end is the GPU's cvt.rn (RNE, packed in pairs by ptxas). The interpreter's bf16 <->
+# fp32 casts truncate and get subnormals wrong (bf16 1e-39 reads as 5.9e-39, a 9e-41 result is stored
+# as 0), so under it both conversions go through the bits (`bf16_round` for the rounding).
+_INTERP = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _widen(x):
+    """Loaded bf16 | fp32 values -> fp32, exactly."""
+    if _INTERP:
+        if x.dtype == tl.bfloat16:
+            x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
+    """Store fp32 v rounded once to the output dtype (bf16 RNE, or fp32 as is)."""
+    if OUT_BF16:
+        if _INTERP:
+            tl.store(ptr, (bf16_round(v).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True),
+                     mask=mask)
+        else:
+            tl.store(ptr, v.to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(ptr, v, mask=mask)
+
+
+@triton.jit
+def _collapse_kernel(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, T, H, N: tl.constexpr, TB: tl.constexpr, BH: tl.constexpr,
+                     OUT_BF16: tl.constexpr):
+    """R [T, N, H] (strides r_ts, r_ns, 1), pre [T, N] contiguous fp32 -> out [T, H] contiguous."""
+    tok = (tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB))[:, None]  # [TB, 1]
+    col = (tl.program_id(1) * BH + tl.arange(0, BH))[None, :]  # [1, BH]
+    tok_ok = tok < T
+    ok = tok_ok & (col < H)
+    acc = tl.zeros([TB, BH], tl.float32)
+    for j in tl.static_range(N):
+        r = tl.load(r_ptr + tok * r_ts + j * r_ns + col, mask=ok, other=0.0)
+        p = tl.load(pre_ptr + tok * N + j, mask=tok_ok, other=0.0)
+        acc = acc + p * _widen(r)
+    _store_out(out_ptr + tok * H + col, acc, ok, OUT_BF16)
+
+
+@triton.jit
+def _expand_kernel(y_ptr, y_ts, r_ptr, r_ts, r_ns, post_ptr, comb_ptr, out_ptr, T, H, N: tl.constexpr,
+                   NP: tl.constexpr, TB: tl.constexpr, BH: tl.constexpr, OUT_BF16: tl.constexpr):
+    """y [T, H] (strides y_ts, 1), R [T, N, H] (strides r_ts, r_ns, 1), post [T, N], comb [T, N, N]
+    contiguous fp32 -> out [T, N, H] contiguous; tile [TB, NP (output stream k), BH]."""
+    tok = (tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB))[:, None, None]
+    k = tl.arange(0, NP)[None, :, None]
+    col = (tl.program_id(1) * BH + tl.arange(0, BH))[None, None, :]
+    tok_ok = tok < T
+    ok = tok_ok & (col < H)  # [TB, 1, BH]
+    kok = tok_ok & (k < N)  # [TB, NP, 1]
+    mixed = tl.zeros([TB, NP, BH], tl.float32)
+    for j in tl.static_range(N):
+        r = _widen(tl.load(r_ptr + tok * r_ts + j * r_ns + col, mask=ok, other=0.0))  # [TB, 1, BH]
+        c = tl.load(comb_ptr + tok * (N * N) + j * N + k, mask=kok, other=0.0)  # comb[:, j, k]: [TB, NP, 1]
+        mixed = mixed + c * r
+    yv = _widen(tl.load(y_ptr + tok * y_ts + col, mask=ok, other=0.0))
+    pv = tl.load(post_ptr + tok * N + k, mask=kok, other=0.0)
+    _store_out(out_ptr + (tok * N + k) * H + col, pv * yv + mixed, ok & (k < N), OUT_BF16)
+
+
+_FLOATS = (torch.bfloat16, torch.float32)
+
+
+def _stream_launch(t: int, tb: int | None, block_h: int | None, num_warps: int | None, big_tb: int):
+    """Tokens per program, BH, warps: BH 1024 (16-byte loads for 4 warps) once there are enough tokens
+    to fill the GPU, else 256 (more programs at decode sizes); `big_tb` tokens per program from T = 2048."""
+    block_h = block_h or (1024 if t >= 64 else 256)
+    return tb or (big_tb if t >= 2048 else 1), block_h, num_warps or max(1, block_h // 256)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.numel() == 0 else t.contiguous()
+
+
+@mhc_collapse.triton_impl
+def mhc_collapse_triton(streams, pre, tb: int | None = None, block_h: int | None = None, num_warps: int | None = None):
+    """Same contract as the twin for 3-D bf16 / fp32 streams with 1 <= n <= 4 and fp32 pre [T, n];
+    other inputs, and calls that need autograd, run the twin. streams may be strided (unit stride
+    along H, else copied). Launch: `tb` tokens per program, `block_h` columns, `num_warps`."""
+    grad = torch.is_grad_enabled() and (streams.requires_grad or pre.requires_grad)
+    if (grad or streams.dim() != 3 or streams.dtype not in _FLOATS or pre.dtype != torch.float32
+            or not 1 <= streams.size(1) <= 4 or pre.shape != streams.shape[:2]):
+        return mhc_collapse.torch(streams, pre)
+    t, n, h = streams.shape
+    out = torch.empty(t, h, dtype=streams.dtype, device=streams.device)
+    if t and h:
+        streams, pre = _unit_last(streams), pre.contiguous()
+        tb, block_h, num_warps = _stream_launch(t, tb, block_h, num_warps, 4)
+        _collapse_kernel[(triton.cdiv(t, tb), triton.cdiv(h, block_h))](
+            streams, streams.stride(0), streams.stride(1), pre, out, t, h, N=n, TB=tb, BH=block_h,
+            OUT_BF16=out.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
+    return out
+
+
+@mhc_expand.triton_impl
+def mhc_expand_triton(y, streams, post, comb, tb: int | None = None, block_h: int | None = None,
+                      num_warps: int | None = None):
+    """Same contract as the twin for bf16 / fp32 y [T, H] and streams [T, n, H] with 1 <= n <= 4, fp32
+    post [T, n] and comb [T, n, n]; other inputs, and calls that need autograd, run the twin. y and
+    streams may be strided (unit stride along H, else copied). Launch as `mhc_collapse_triton`."""
+    args = (y, streams, post, comb)
+    grad = torch.is_grad_enabled() and any(a.requires_grad for a in args)
+    if (grad or streams.dim() != 3 or y.dim() != 2 or streams.dtype not in _FLOATS or y.dtype not in _FLOATS
+            or post.dtype != torch.float32 or comb.dtype != torch.float32 or not 1 <= streams.size(1) <= 4
+            or y.shape != (streams.size(0), streams.size(2)) or post.shape != streams.shape[:2]
+            or comb.shape != (*streams.shape[:2], streams.size(1))):
+        return mhc_expand.torch(*args)
+    t, n, h = streams.shape
+    out = torch.empty(t, n, h, dtype=y.dtype, device=y.device)
+    if t and h:
+        y, streams, post, comb = _unit_last(y), _unit_last(streams), post.contiguous(), comb.contiguous()
+        tb, block_h, num_warps = _stream_launch(t, tb, block_h, num_warps, 2)
+        _expand_kernel[(triton.cdiv(t, tb), triton.cdiv(h, block_h))](
+            y, y.stride(0), streams, streams.stride(0), streams.stride(1), post, comb, out, t, h, N=n,
+            NP=triton.next_power_of_2(n), TB=tb, BH=block_h, OUT_BF16=out.dtype == torch.bfloat16,
+            num_warps=num_warps, **NO_FMA)
+    return out
+
+
+__all__ = ["mhc_collapse_triton", "mhc_expand_triton", "mhc_gates_triton"]

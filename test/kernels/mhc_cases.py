@@ -1,10 +1,17 @@
-"""Inputs of the `mhc_gates` op for the kernel tests (CPU interpreter script and GPU tests).
+"""Inputs of the mHC ops for the kernel tests (CPU tests, interpreter script and GPU tests).
 
 build_gates(t, n, h, ...) -> (x, mix, base, scale): x [t, n*h] bf16|fp32 streams with per-row
 magnitudes over 1e-3..1e3, mix [t, (2+n)n] fp32 at `mix_scale` (after the rsqrt it lands around
 mix_scale), base / scale fp32 at checkpoint-like magnitudes. `extreme` adds rows that reach the
 corners: a zero row (rstd = rsqrt(eps)), bf16 values whose squares overflow (rstd = 0), logits far
 apart (exp underflows to 0 and subnormals), a NaN mix, an inf mix, ties, mixes exactly 0.
+
+build_streams(t, n, h, ...) -> (y, streams, pre, post, comb): the inputs of `mhc_collapse` /
+`mhc_expand`, streams and y at per-element magnitudes over 1e-6..1e6, gates of either sign over
+1e-3..1e1 (wider than the model's: pre, post > 0, comb in [0, 1]). `extreme` (t >= 12) adds rows of
++0, -0 (the sums start at +0: -0 terms give +0), inf / NaN streams and gates, stream values near the
+bf16 maximum (fp32 sums that round to bf16 inf or stay just below), exact cancellations, subnormal
+products and a 0 * inf.
 """
 
 from __future__ import annotations
@@ -49,3 +56,50 @@ def assert_gates_equal(got, want, what: str = "") -> None:
         diff = (bits(a) != bits(b)).nonzero()
         assert diff.numel() == 0, (f"{what} {name}: {diff.size(0)} of {a.numel()} differ, first at {diff[0].tolist()}: "
                                    f"{a[tuple(diff[0])].item()!r} vs {b[tuple(diff[0])].item()!r}")
+
+
+def build_streams(t: int, n: int, h: int, seed: int, dtype: torch.dtype = torch.bfloat16, extreme: bool = False,
+                  device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+
+    def wide(*shape, lo=-6.0, hi=6.0):
+        return torch.randn(*shape, generator=g) * torch.pow(10.0, torch.rand(*shape, generator=g) * (hi - lo) + lo)
+
+    streams, y = wide(t, n, h), wide(t, h)
+    pre, post, comb = wide(t, n, lo=-3, hi=1), wide(t, n, lo=-3, hi=1), wide(t, n, n, lo=-3, hi=1)
+    if extreme and t >= 12:
+        big = 3.3e38  # bf16 max is 3.3895e38: two or more such terms overflow fp32 or round to bf16 inf
+        streams[0], y[0] = 0.0, 0.0
+        streams[1], y[1] = -0.0, -0.0
+        pre[2], post[2], comb[2] = -0.0, -0.0, -0.0  # -0 gates on finite streams
+        streams[3, :, ::5] = float("inf")
+        streams[3, -1, 1::7] = float("-inf")
+        streams[4, 0, ::3] = float("nan")
+        y[4, ::11] = float("nan")
+        streams[5] = big * torch.sign(torch.randn(n, h, generator=g))
+        pre[5], post[5], comb[5] = 1.0, 1.0, 0.5
+        streams[6] = 1.69e38  # just below half of the bf16 max: sums near the bf16 overflow threshold
+        y[6] = 1.7e38
+        pre[6, :] = torch.linspace(0.5, 1.0, n)
+        comb[6] = torch.linspace(0.25, 1.0, n * n).view(n, n)
+        streams[7, 0] = streams[7, -1]
+        pre[7, 0], pre[7, -1] = 1.0, -1.0 if n > 1 else 1.0  # exact cancellation (n > 1): a +0 partial sum
+        streams[8] = 1e-30
+        pre[8], post[8], comb[8] = 1e-10, 1e-10, 1e-10  # subnormal / underflowing products
+        pre[9, 0], post[9, 0], comb[9, 0, 0] = float("inf"), float("inf"), float("inf")
+        streams[9, 0, ::2] = 0.0  # 0 * inf = NaN
+        y[9, ::3] = 0.0
+        pre[10, -1], post[10, -1], comb[10, -1, 0] = float("nan"), float("nan"), float("nan")
+        streams[11] = torch.where(torch.rand(n, h, generator=g) < 0.5, -0.0, 0.0)
+        y[11] = -0.0
+    cast = lambda x: x.to(dtype).to(device)  # noqa: E731
+    return cast(y), cast(streams), pre.to(device), post.to(device), comb.to(device)
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """Same shape and dtype, bitwise equal values (signed zeros included), NaN positions equal."""
+    assert got.shape == want.shape and got.dtype == want.dtype, \
+        f"{what}: {got.shape} {got.dtype} vs {want.shape} {want.dtype}"
+    diff = (bits(got) != bits(want)).nonzero()
+    assert diff.numel() == 0, (f"{what}: {diff.size(0)} of {got.numel()} differ, first at {diff[0].tolist()}: "
+                               f"{got[tuple(diff[0])].item()!r} vs {want[tuple(diff[0])].item()!r}")

@@ -1,7 +1,8 @@
-"""Runs the mHC gates Triton kernel through Triton's CPU interpreter against its twin, bit for bit, and
-the kernel's chunked sum of squares against `reduction.ordered_sum`; prints 'PASS name' / 'FAIL name:
-reason'. Start with TRITON_INTERPRET=1 (and ATEN_CPU_CAPABILITY=default: the interpreter runs torch's
-CPU exp / sigmoid, see mhc_triton.py). Oracle: `ops.mhc_gates.torch` and `reduction.ordered_sum`."""
+"""Runs the mHC Triton kernels through Triton's CPU interpreter against their twins, bit for bit (gates,
+stream collapse and expand), and the gates kernel's chunked sum of squares against
+`reduction.ordered_sum`; prints 'PASS name' / 'FAIL name: reason'. Start with TRITON_INTERPRET=1 (and
+ATEN_CPU_CAPABILITY=default: the interpreter runs torch's CPU exp / sigmoid, see mhc_triton.py).
+Oracle: `ops.mhc_gates.torch`, `ops.mhc_collapse.torch`, `ops.mhc_expand.torch`, `reduction.ordered_sum`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import triton.language as tl  # noqa: E402
 from dsv41_kernels import ops  # noqa: E402
 from dsv41_kernels.mhc_triton import _sumsq_chunked  # noqa: E402
 from check_runner import run_checks  # noqa: E402
-from mhc_cases import assert_gates_equal, build_gates  # noqa: E402
+from mhc_cases import assert_bits_equal, assert_gates_equal, build_gates, build_streams  # noqa: E402
 from sglang_dsv41.reduction import cascade_step, ordered_sum  # noqa: E402
 
 # (t, n, h, rows, chunks, dtype, extreme, iters, mix_scale)
@@ -38,6 +39,17 @@ GATE_CASES = [
 ]
 # (rows of 32, chunks per iteration): leftover rows, one and many chunks, level-2 pushes (every 256 rows),
 # masked chunks past the last full one (325 rows in 16-chunk iterations: a push would fall on a masked chunk)
+# (t, n, h, streams dtype, y dtype, extreme, tb, block_h): T not a multiple of tb, H not a multiple of
+# block_h, n = 1..4, fp32 streams (and a bf16 y beside them), T = 0, the launch defaults at H = 5120
+STREAM_CASES = [
+    (13, 4, 1100, "bf16", "bf16", True, 4, 256),
+    (12, 3, 96, "fp32", "fp32", True, 8, 64),
+    (14, 2, 300, "bf16", "bf16", True, 2, 128),
+    (12, 1, 200, "bf16", "bf16", True, 1, 128),
+    (5, 4, 5120, "bf16", "bf16", False, None, None),
+    (12, 4, 80, "fp32", "bf16", True, 4, 32),
+    (0, 4, 5120, "bf16", "bf16", False, None, None),
+]
 SUMSQ_CASES = [(1, 1), (15, 1), (16, 1), (53, 1), (53, 4), (640, 8), (640, 16), (640, 1), (600, 2), (300, 8), (325, 16)]
 
 
@@ -69,6 +81,35 @@ def main() -> int:
         assert_gates_equal(ops.mhc_gates.triton(*args, rows=4), ops.mhc_gates.torch(x, mix, base, scale, 20, 1e-6, 1e-6))
 
     checks.append(("mhc_gates-strided-inputs", strided))
+
+    for t, n, h, dt, ydt, ex, tb, bh in STREAM_CASES:
+        def inputs(t=t, n=n, h=h, dt=dt, ydt=ydt, ex=ex):
+            dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+            y, r, pre, post, comb = build_streams(t, n, h, seed=t * 7 + n * h, dtype=dtypes[dt], extreme=ex)
+            return y.to(dtypes[ydt]), r, pre, post, comb
+
+        def collapse(inputs=inputs, tb=tb, bh=bh):
+            _, r, pre, _, _ = inputs()
+            assert_bits_equal(ops.mhc_collapse.triton(r, pre, tb=tb, block_h=bh), ops.mhc_collapse.torch(r, pre))
+
+        def expand(inputs=inputs, tb=tb, bh=bh):
+            y, r, _, post, comb = inputs()
+            want = ops.mhc_expand.torch(y, r, post, comb)
+            assert_bits_equal(ops.mhc_expand.triton(y, r, post, comb, tb=tb, block_h=bh), want)
+
+        cid = f"t{t}-n{n}-h{h}-{dt}-y{ydt}-extreme{ex}-tb{tb}-bh{bh}"
+        checks += [(f"mhc_collapse-{cid}", collapse), (f"mhc_expand-{cid}", expand)]
+
+    def streams_strided():  # streams and y column slices of wider rows (token / stream strides != H)
+        y, r, pre, post, comb = build_streams(13, 4, 200, seed=9, extreme=True)
+        wide_r = torch.cat([r, r[:, :, :56]], dim=2)[:, :, :200]
+        wide_y = torch.cat([y, y[:, :40]], dim=1)[:, :200]
+        assert_bits_equal(ops.mhc_collapse.triton(wide_r, pre, tb=4, block_h=64), ops.mhc_collapse.torch(r, pre))
+        got = ops.mhc_expand.triton(wide_y, wide_r, post, comb.transpose(1, 2).contiguous().transpose(1, 2), tb=4,
+                                    block_h=64)
+        assert_bits_equal(got, ops.mhc_expand.torch(y, r, post, comb))
+
+    checks.append(("mhc_collapse_expand-strided-inputs", streams_strided))
 
     for nrows, g in SUMSQ_CASES:
         def sumsq(nrows=nrows, g=g):

@@ -1,7 +1,10 @@
-"""CPU: the `mhc_gates` op (dsv41_kernels.mhc). Its twin equals the layer function `layers.mhc.gates`
-bit for bit and a hand-worked fp32 case; `Block`'s `mhc_gates` slot follows `use_kernels` / `use_torch`
-and the slotted twin leaves the tiny model's gates unchanged; the Triton kernel through the interpreter
-(one subprocess, mhc_interp.py) equals the twin bit for bit."""
+"""CPU: the mHC ops (dsv41_kernels.mhc). The `mhc_gates` twin equals the layer function `layers.mhc.gates`
+bit for bit and a hand-worked fp32 case; the layer `collapse` / `expand` (explicit sequential sums) equal
+their former formulation (`_old_collapse` / `_old_expand` below, torch CPU's `.sum(dim=1)`) bit for bit,
+and the `mhc_collapse` / `mhc_expand` twins equal the layer functions; `Block`'s mHC slots (and the
+model's final `mhc_collapse`) follow `use_kernels` / `use_torch`, and the tiny model's logits are the
+same bits with the former formulation or the twins in those slots; the Triton kernels through the
+interpreter (one subprocess, mhc_interp.py) equal the twins bit for bit."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhc_cases import HC_EPS, NORM_EPS, assert_gates_equal, build_gates
+from mhc_cases import HC_EPS, NORM_EPS, assert_bits_equal, assert_gates_equal, build_gates, build_streams
 
 CASES = [(1, 4, 128, "bf16", False, 20), (37, 4, 128, "bf16", True, 20), (9, 4, 5120, "bf16", True, 20),
          (12, 4, 64, "fp32", True, 20), (8, 3, 32, "bf16", True, 7), (8, 1, 96, "fp32", True, 1), (0, 4, 128, "bf16", False, 20)]
@@ -79,9 +82,119 @@ def test_block_slot_follows_use_kernels(tiny_model):
         finally:
             use_torch(tiny_model)
     assert all("mhc_gates" not in b.__dict__ and b.mhc_gates is gates for b in tiny_model.layers)
-    assert Block.kernel_slots == {"mhc_gates": "mhc_gates"}
+    assert Block.kernel_slots == {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand"}
     for site, a, b in zip(("attn", "ffn"), got, want):
         assert_gates_equal(a, b, what=site)
+
+
+def _old_collapse(streams, pre):
+    """The former `layers.mhc.collapse` (oracle, kept verbatim)."""
+    return (pre.unsqueeze(-1) * streams.float()).sum(dim=1).to(streams.dtype)
+
+
+def _old_expand(y, streams, post, comb):
+    """The former `layers.mhc.expand` (oracle, kept verbatim)."""
+    mixed = (comb.unsqueeze(-1) * streams.float().unsqueeze(-2)).sum(dim=1)
+    return (post.unsqueeze(-1) * y.float().unsqueeze(-2) + mixed).to(y.dtype)
+
+
+STREAM_CASES = [(t, n, h, dt, ex) for n in (1, 2, 3, 4) for t, h, dt, ex in
+                ((17, 96, "bf16", True), (12, 40, "fp32", True), (3, 256, "bf16", False), (0, 64, "bf16", False))]
+
+
+def _streams(t, n, h, dt, ex, seed=0):
+    return build_streams(t, n, h, seed=seed + 100 * n + t, dtype=torch.bfloat16 if dt == "bf16" else torch.float32,
+                         extreme=ex)
+
+
+@pytest.mark.parametrize("t, n, h, dt, ex", STREAM_CASES)
+def test_layer_collapse_expand_equal_former_formula(t, n, h, dt, ex):
+    from sglang_dsv41.layers.mhc import collapse, expand
+
+    y, r, pre, post, comb = _streams(t, n, h, dt, ex)
+    assert_bits_equal(collapse(r, pre), _old_collapse(r, pre), what="collapse")
+    assert_bits_equal(expand(y, r, post, comb), _old_expand(y, r, post, comb), what="expand")
+    if t:  # a bf16 y with fp32 streams (output: y's dtype) and the gates a sublayer really gives
+        pre, post = pre.abs() + 1e-6, pre.abs() * 2
+        comb = comb.abs().softmax(-1)
+        assert_bits_equal(expand(y.bfloat16(), r.float(), post, comb), _old_expand(y.bfloat16(), r.float(), post, comb))
+        assert_bits_equal(collapse(r, pre), _old_collapse(r, pre))
+
+
+@pytest.mark.parametrize("t, n, h, dt, ex", STREAM_CASES)
+def test_twins_equal_layer_collapse_expand(t, n, h, dt, ex):
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.mhc import collapse, expand
+
+    y, r, pre, post, comb = _streams(t, n, h, dt, ex, seed=1)
+    assert_bits_equal(ops.mhc_collapse.torch(r, pre), collapse(r, pre), what="collapse")
+    assert_bits_equal(ops.mhc_expand.torch(y, r, post, comb), expand(y, r, post, comb), what="expand")
+
+
+def test_collapse_expand_hand_worked_order():
+    """fp32, n = 3, pre = 1: ((0 + 2**24) + 1) + 1 = 2**24 (each 1 is a tie to even, lost), whereas the
+    exact sum is 2**24 + 2; all -0 terms give +0 (the sum starts at +0); expand adds post * y last:
+    (2 * 3) + ((0 + 0.5 * 2**24) + ..) for a column of comb."""
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.mhc import collapse, expand
+
+    r = torch.tensor([[[2.0**24, -0.0], [1.0, -0.0], [1.0, -0.0]]])  # [1, 3, 2]
+    pre = torch.ones(1, 3)
+    for fn in (collapse, ops.mhc_collapse.torch):
+        out = fn(r, pre)
+        assert out.tolist() == [[2.0**24, 0.0]] and not torch.signbit(out[0, 1])
+    comb = torch.tensor([[[1.0, 0.0, 0.5], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]])  # column k: comb[:, j, k]
+    post, y = torch.tensor([[0.0, 2.0, 2.0]]), torch.tensor([[3.0, -0.0]])
+    for fn in (expand, ops.mhc_expand.torch):
+        out = fn(y, r, post, comb)
+        assert out[0, 0].tolist() == [2.0**24, 0.0] and not torch.signbit(out[0, 0, 1])  # 0 * 3 + 2**24
+        assert out[0, 1].tolist() == [6.0, 0.0] and not torch.signbit(out[0, 1, 1])  # 2 * -0 + (+0) = +0
+        assert out[0, 2].tolist() == [6.0 + 2.0**23, 0.0]
+
+
+def test_layer_collapse_expand_keep_gradients():
+    from sglang_dsv41.layers.mhc import collapse, expand
+
+    y, r, pre, post, comb = (a.float().requires_grad_() for a in _streams(5, 4, 32, "fp32", False))
+    (collapse(r, pre).sum() + (expand(y, r, post, comb) * torch.arange(4.0).view(1, 4, 1)).sum()).backward()
+    for a in (y, r, pre, post, comb):
+        assert a.grad is not None and bool(torch.isfinite(a.grad).all()) and a.grad.abs().sum() > 0
+
+
+def test_mhc_stream_slots_follow_use_kernels(tiny_model, tiny_reference):
+    """use_kernels points every Block's `mhc_collapse` / `mhc_expand` and the model's final
+    `mhc_collapse` at the table's ops, use_torch restores the layer functions. The tiny model's
+    reference logits are the same bits with the twins, and with the former formulation, in those slots."""
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.layers.mhc import collapse, expand
+    from sglang_dsv41.layers.transformer import DeepseekV41
+    from sglang_dsv41.runtime.kernels import use_kernels, use_torch
+
+    ids = torch.randint(3, tiny_model.cfg.vocab_size, (48,), generator=torch.Generator().manual_seed(4))
+    slotted = [(b, "mhc_collapse") for b in tiny_model.layers] + [(b, "mhc_expand") for b in tiny_model.layers]
+    slotted.append((tiny_model, "mhc_collapse"))
+    assert DeepseekV41.kernel_slots == {"mhc_collapse": "mhc_collapse"}
+    table = OpTable.twins()
+    try:
+        use_kernels(tiny_model, table)
+        assert all(m.__dict__.get(a) is getattr(table, a) for m, a in slotted)
+    finally:
+        use_torch(tiny_model)
+    assert all(a not in m.__dict__ for m, a in slotted)
+    assert all(b.mhc_collapse is collapse and b.mhc_expand is expand for b in tiny_model.layers)
+    assert tiny_model.mhc_collapse is collapse
+    with torch.inference_mode():
+        want = tiny_reference.forward(ids).logits
+        for fns in ({"mhc_collapse": table.mhc_collapse, "mhc_expand": table.mhc_expand},
+                    {"mhc_collapse": _old_collapse, "mhc_expand": _old_expand}):
+            try:
+                for m, a in slotted:
+                    setattr(m, a, fns[a])
+                got = tiny_reference.forward(ids).logits
+            finally:
+                for m, a in slotted:
+                    m.__dict__.pop(a, None)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), fns["mhc_collapse"]
 
 
 @pytest.mark.interp
@@ -92,5 +205,6 @@ def test_mhc_kernel_under_interpreter():
     script = Path(__file__).with_name("mhc_interp.py")
     res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
-    assert len(lines) == 22, res.stdout[-2000:] + res.stderr[-2000:]
+    # 11 gates + 11 sums of squares + 15 collapse / expand checks
+    assert len(lines) == 37, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))

@@ -1,14 +1,17 @@
-"""GPU: the fused mHC gates kernel (`mhc_gates`, one launch) against its torch twin, bit for bit, at the
-model's width D = 4 * 5120 and on the corners of mhc_cases (overflowing squares, underflowing exp,
+"""GPU: the fused mHC kernels against their torch twins, bit for bit. Gates (`mhc_gates`, one launch) at
+the model's width D = 4 * 5120 and on the corners of mhc_cases (overflowing squares, underflowing exp,
 NaN / inf mixes); every launch config the benchmark may pick; the layer function on CUDA equals the twin;
-CUDA-graph capture (no host sync). Skipped without CUDA."""
+CUDA-graph capture (no host sync). Stream collapse / expand (`mhc_collapse`, `mhc_expand`) at n = 4,
+H = 5120 for T = 1 .. 8192 with mhc_cases' extreme rows (inf, NaN, -0, near the bf16 maximum,
+subnormals), other n, fp32 streams, strided inputs, launch configs, the layer functions on CUDA, and
+CUDA-graph capture. Skipped without CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mhc_cases import HC_EPS, NORM_EPS, assert_gates_equal, build_gates
+from mhc_cases import HC_EPS, NORM_EPS, assert_bits_equal, assert_gates_equal, build_gates, build_streams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton kernels)")
 
@@ -74,6 +77,76 @@ def test_gates_no_host_sync():
     g.replay()
     torch.cuda.synchronize()
     assert_gates_equal(out, ops.mhc_gates.torch(*args))
+
+
+def _check_streams(y, r, pre, post, comb, what="", **launch):
+    ops = _ops()
+    got_c = ops.mhc_collapse.triton(r, pre, **launch)
+    got_e = ops.mhc_expand.triton(y, r, post, comb, **launch)
+    torch.cuda.synchronize()
+    assert_bits_equal(got_c, ops.mhc_collapse.torch(r, pre), what=f"collapse {what}")
+    assert_bits_equal(got_e, ops.mhc_expand.torch(y, r, post, comb), what=f"expand {what}")
+
+
+@pytest.mark.parametrize("t", [1, 7, 64, 8192])
+@pytest.mark.parametrize("extreme", [False, True])
+def test_collapse_expand_bitwise_release_width(t, extreme):
+    _check_streams(*build_streams(t, 4, 5120, seed=t, extreme=extreme, device="cuda"), what=f"t={t}")
+
+
+@pytest.mark.parametrize("t, n, h, dtype, y_dtype", [(13, 1, 5120, torch.bfloat16, torch.bfloat16),
+                                                     (29, 2, 1000, torch.bfloat16, torch.bfloat16),
+                                                     (40, 3, 96, torch.bfloat16, torch.bfloat16),
+                                                     (33, 4, 5120, torch.float32, torch.float32),
+                                                     (33, 4, 520, torch.float32, torch.bfloat16)])
+def test_collapse_expand_bitwise_other_shapes(t, n, h, dtype, y_dtype):
+    y, r, pre, post, comb = build_streams(t, n, h, seed=n * h, dtype=dtype, extreme=True, device="cuda")
+    _check_streams(y.to(y_dtype), r, pre, post, comb, what=f"n={n} h={h} {dtype}")
+
+
+@pytest.mark.parametrize("launch", [dict(tb=1, block_h=1024), dict(tb=4, block_h=1024),
+                                    dict(tb=2, block_h=2048, num_warps=8), dict(tb=4, block_h=512, num_warps=4),
+                                    dict(tb=1, block_h=256, num_warps=1)],
+                         ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
+def test_collapse_expand_launch_configs(launch):
+    _check_streams(*build_streams(301, 4, 5120, seed=5, extreme=True, device="cuda"), what=str(launch), **launch)
+
+
+def test_collapse_expand_strided_inputs():
+    """Streams / y as column slices of wider rows (what a caller's narrowing or a concat could pass)."""
+    ops = _ops()
+    y, r, pre, post, comb = build_streams(70, 4, 5120, seed=6, extreme=True, device="cuda")
+    wide_r = torch.cat([r, r[:, :, :128]], dim=2)[:, :, :5120]
+    wide_y = torch.cat([y, y[:, :64]], dim=1)[:, :5120]
+    assert_bits_equal(ops.mhc_collapse.triton(wide_r, pre), ops.mhc_collapse.torch(r, pre))
+    assert_bits_equal(ops.mhc_expand.triton(wide_y, wide_r, post, comb), ops.mhc_expand.torch(y, r, post, comb))
+
+
+def test_layer_collapse_expand_on_cuda_equal_twins():
+    from sglang_dsv41.layers.mhc import collapse, expand
+
+    ops = _ops()
+    y, r, pre, post, comb = build_streams(64, 4, 5120, seed=7, extreme=True, device="cuda")
+    assert_bits_equal(collapse(r, pre), ops.mhc_collapse.torch(r, pre))
+    assert_bits_equal(expand(y, r, post, comb), ops.mhc_expand.torch(y, r, post, comb))
+
+
+def test_collapse_expand_no_host_sync():
+    """Captured in a CUDA graph and replayed on new inputs: the twins' bits."""
+    ops = _ops()
+    y, r, pre, post, comb = build_streams(8, 4, 5120, seed=8, device="cuda")
+    ops.mhc_collapse.triton(r, pre), ops.mhc_expand.triton(y, r, post, comb)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_c = ops.mhc_collapse.triton(r, pre)
+        out_e = ops.mhc_expand.triton(y, r, post, comb)
+    for dst, src in zip((y, r, pre, post, comb), build_streams(8, 4, 5120, seed=9, extreme=False, device="cuda")):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bits_equal(out_c, ops.mhc_collapse.torch(r, pre))
+    assert_bits_equal(out_e, ops.mhc_expand.torch(y, r, post, comb))
 
 
 if __name__ == "__main__":

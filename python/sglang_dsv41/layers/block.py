@@ -3,7 +3,8 @@
 Parameter names follow the checkpoint: `attn_norm`, `ffn_norm`, `hc_{attn,ffn}_{fn,base,scale}`,
 `attn.*`, `ffn.*`, `engram.*`. `forward` runs the attention and MoE sites in paper order with the
 lagged mHC schedule (a sublayer's input is collapsed with the previous site's `pre`, spec model
-3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`.
+3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`. The mHC math
+goes through the kernel slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from sglang_dsv41.layers.norm import RMSNorm
 
 
 class Block(nn.Module):
-    kernel_slots = {"mhc_gates": "mhc_gates"}
+    kernel_slots = {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand"}
     mhc_gates = staticmethod(gates)  # (x, mix, base, scale, iters, hc_eps, norm_eps) -> (pre, post, comb)
+    mhc_collapse = staticmethod(collapse)  # (streams [T,n,H], pre [T,n]) -> [T,H]
+    mhc_expand = staticmethod(expand)  # (y [T,H], streams [T,n,H], post [T,n], comb [T,n,n]) -> [T,n,H]
 
     def __init__(self, cfg: ModelConfig, role: LayerRole):
         super().__init__()
@@ -58,7 +61,7 @@ class Block(nn.Module):
 
     def attn_input(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """streams [N, n, H] bf16, pre [N, n] fp32 (previous site's) -> attention input x [N, H] bf16."""
-        return self.attn_norm(collapse(streams, pre))
+        return self.attn_norm(self.mhc_collapse(streams, pre))
 
     def forward(
         self, streams: torch.Tensor, pre: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None
@@ -68,8 +71,8 @@ class Block(nn.Module):
         lid = self.role.layer_id
         attn_pre, attn_post, attn_comb = self.hc_mix("attn", streams)
         y = self.attn(self.attn_input(streams, pre), kv, dec, replay)
-        streams = expand(y, streams, attn_post, attn_comb)
+        streams = self.mhc_expand(y, streams, attn_post, attn_comb)
         ffn_pre, ffn_post, ffn_comb = self.hc_mix("ffn", streams)
         forced = replay.forced("routed_experts", lid) if replay is not None else None
-        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(collapse(streams, attn_pre)), forced)
-        return expand(y, streams, ffn_post, ffn_comb), ffn_pre
+        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(self.mhc_collapse(streams, attn_pre)), forced)
+        return self.mhc_expand(y, streams, ffn_post, ffn_comb), ffn_pre

@@ -10,7 +10,10 @@ The lag: a sublayer's input is collapsed with the *previous* site's `pre` (spec 
 
 A site's gates are the fp32 GEMM `fp32_linear(flat(R), fn)` (in `Block.hc_mix`) followed by
 `gates`: everything after the GEMM (statistic, affine, sigmoids, Sinkhorn), a pure function that
-`Block` holds as the kernel slot `mhc_gates` (one fused launch on CUDA, docs/numerics.md).
+`Block` holds as the kernel slot `mhc_gates` (one fused launch on CUDA, docs/numerics.md). `collapse`
+and `expand` are written as explicit sequential fp32 sums from +0 (the order torch CPU's `.sum` took)
+and are the slots `mhc_collapse` / `mhc_expand` of `Block` (and `mhc_collapse` of the final collapse in
+`DeepseekV41`), one fused launch each on CUDA.
 """
 
 from __future__ import annotations
@@ -54,14 +57,34 @@ def sinkhorn(c: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    """sum_j pre[j] * R[:, j] in fp32, one cast to the stream dtype. [T,n,H] x [T,n] -> [T,H]."""
-    return (pre.unsqueeze(-1) * streams.float()).sum(dim=1).to(streams.dtype)
+    """streams [T, n, H] bf16|fp32, pre [T, n] fp32 -> [T, H] in the stream dtype:
+    acc = +0; for j = 0..n-1: acc = acc + pre[:, j] * R[:, j] (each product and each add one fp32
+    rounding), then one cast. The order of torch CPU's `.sum(dim=1)` of the products (bitwise, -0 -> +0),
+    written out so every device adds so; the fused op `mhc_collapse` reproduces it. Differentiable."""
+    acc = None
+    for j in range(streams.size(1)):
+        term = pre[:, j : j + 1] * streams[:, j].float()
+        acc = term + 0.0 if acc is None else acc + term  # term + 0.0 == 0 + term: the sum starts at +0
+    return acc.to(streams.dtype)
 
 
 def expand(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """R'[:, k] = post[k] * y + sum_j comb[j, k] * R[:, j] (fp32, one cast). y [T,H] -> [T,n,H]."""
-    mixed = (comb.unsqueeze(-1) * streams.float().unsqueeze(-2)).sum(dim=1)
-    return (post.unsqueeze(-1) * y.float().unsqueeze(-2) + mixed).to(y.dtype)
+    """y [T, H], streams [T, n, H] (bf16|fp32), post [T, n], comb [T, n, n] fp32 (row-major (j, k))
+    -> R' [T, n, H] in y's dtype, per output stream k, in fp32:
+      mixed[k] = +0; for j = 0..n-1: mixed[k] = mixed[k] + comb[:, j, k] * R[:, j]
+      R'[:, k] = cast((post[:, k] * y) + mixed[k])
+    every product and add one rounding, one cast at the end (the fused op `mhc_expand` reproduces it).
+    Differentiable."""
+    rf = [streams[:, j].float() for j in range(streams.size(1))]
+    yf = y.float()
+    out = []
+    for k in range(len(rf)):
+        mixed = None
+        for j, r in enumerate(rf):
+            term = comb[:, j, k : k + 1] * r
+            mixed = term + 0.0 if mixed is None else mixed + term
+        out.append(post[:, k : k + 1] * yf + mixed)
+    return torch.stack(out, dim=1).to(y.dtype)
 
 
 def identity_pre(num_tokens: int, hc_mult: int, device: torch.device | str | None = None) -> torch.Tensor:

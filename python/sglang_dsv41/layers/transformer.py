@@ -61,6 +61,9 @@ class ForwardOutput:
 
 
 class DeepseekV41(nn.Module):
+    kernel_slots = {"mhc_collapse": "mhc_collapse"}  # the final collapse (runtime/kernels.py)
+    mhc_collapse = staticmethod(collapse)  # (streams [T,n,H], pre [T,n]) -> [T,H]
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -107,5 +110,5 @@ class DeepseekV41(nn.Module):
                     hash_ids = hash_ids[keep] if hash_ids is not None else None
             streams, pre = layer(streams, pre, kv, dec, replay)
         rows = kv.logits_rows()
-        logits = self.head(self.norm(collapse(streams[rows], pre[rows])))
+        logits = self.head(self.norm(self.mhc_collapse(streams[rows], pre[rows])))
         return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec, tail_rows=kept)
