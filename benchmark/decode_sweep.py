@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 HID, INTER, TOPK = 5120, 2304, 6
-MOE_CONFIGS = ((64, 32, 32, 4, 4, False), (16, 64, 64, 4, 4, True), (16, 64, 64, 4, 3, True), (16, 128, 128, 8, 3, True),
-               (32, 64, 64, 4, 4, True), (64, 64, 64, 4, 4, True), (16, 64, 128, 4, 4, True))
+MOE_CONFIGS = ((64, 32, 32, 4, 4, False), (16, 64, 128, 4, 4, True), (16, 64, 128, 4, 3, True),
+               (16, 64, 128, 4, 6, True), (16, 64, 64, 4, 4, True), (16, 128, 128, 8, 4, True), (32, 64, 128, 4, 4, True))
 DENSE = {"wq_a": ("fp8", 1280, HID), "wkv": ("fp8", 512, HID), "wq_b": ("fp8", 64 * 512, 1280),
          "wo_b": ("fp8", HID, 8 * 1024), "shared w1": ("fp8", INTER, HID), "shared w2": ("fp8", HID, INTER),
          "expert w1": ("fp4", INTER, HID)}

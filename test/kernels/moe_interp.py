@@ -30,7 +30,8 @@ def main() -> int:
 
         got = ops.moe_experts.triton(*args, 10.0)
         assert_moe_close(got, ops.moe_experts.torch(*args, 10.0))
-        for cfg in ((64, 32, 32, 4, 1), (16, 64, 64, 4, 1, True), (32, 32, 64, 4, 1, True)):  # SWAP tiles: same bits
+        # SWAP tiles (hidden 128 = 4 K blocks: packed scale words in w1 / w3): same bits
+        for cfg in ((64, 32, 32, 4, 1), (16, 64, 64, 4, 1, True), (32, 32, 64, 4, 1, True)):
             other = moe_experts_triton(*args, 10.0, config=cfg)
             assert torch.equal(other.view(torch.int16), got.view(torch.int16)), f"config {cfg}"
 
