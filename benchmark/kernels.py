@@ -586,8 +586,10 @@ def case_decode_dense():
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), mHC stream collapse / expand (one
-    launch vs the twins' [T, H] fp32 temporaries), RoPE rows (device table gather vs the CPU build + copy
-    per call)."""
+    launch vs the twins' [T, H] fp32 temporaries), the batch-invariant fp32 GEMM `fp32_linear` at the lm
+    head / router / mHC mix shapes (one kernel, no fp32 weight copy, vs the twin's 64-row sgemms), RoPE
+    rows (device table gather vs the CPU build + copy per call)."""
+    from dsv41_kernels.fp32_gemm_triton import pick_config
     from sglang_dsv41.layers.rope import Rotary
 
     for t in (8, 8192):
@@ -611,6 +613,21 @@ def case_layers():
               t * n * h * 2 + t * h * 2 + t * (n + n * n) * 4 + t * n * h * 2, 2 * t * n * h * (n + 1), twin_rep=10,
               note=f"bitwise equal to the twin: {same}")
         del r, y
+    # fp32_linear: lm head (bench vocab 1024, released 129280), router (16 experts), mHC mix (fp32 fn,
+    # 4 flattened bf16 streams); bytes = x + w as stored + the fp32 output (split workspace not counted)
+    for what, m, n, k, wdt in (("head", 8, 1024, HID, torch.bfloat16), ("head", 8, 129280, HID, torch.bfloat16),
+                               ("router", 8, 16, HID, torch.bfloat16), ("router", 8192, 16, HID, torch.bfloat16),
+                               ("hc_mix", 8, 24, 4 * HID, torch.float32), ("hc_mix", 8192, 24, 4 * HID, torch.float32)):
+        x = torch.randn(m, k, device=DEV).bfloat16()
+        w = (torch.randn(n, k, device=DEV) * 0.02).to(wdt)
+        err = (ops.fp32_linear.triton(x, w) - ops.fp32_linear.torch(x, w)).abs()
+        tol = 4 * k * 2.0**-24 * (x.float().abs() @ w.float().abs().T)  # test/kernels/fp32_gemm_cases.py
+        worst = float((err / tol).max())
+        cfg = pick_config(m, n, k, wdt == torch.bfloat16, DEV)
+        timed("fp32_linear", f"{what} m={m} n={n} k={k} w={str(wdt)[6:]}", ops.fp32_linear, (x, w),
+              x.numel() * 2 + w.numel() * w.element_size() + m * n * 4, 2 * m * n * k, twin_rep=5 if n > 100000 else 10,
+              note=f"config {cfg}; max |kernel - twin| = {worst:.3f} x the tolerance")
+        del x, w, err, tol
     import types
 
     rope_cfg = types.SimpleNamespace(rope=types.SimpleNamespace(rope_head_dim=64, theta=10000.0, compress_theta=160000.0,

@@ -9,7 +9,8 @@ count are replaced by fixed-shape ones (docs/numerics.md, "Deterministic mode"):
   sparse attention (Triton)  never splits the key list across programs (the split count depends on
       the row count, and the split partials are combined in a different order).
 Everything else is batch-invariant by construction (row-wise Triton kernels with fixed orders, the
-fp32 64-row-tile GEMMs). Read at every call, like SGLANG_DSV41_TORCH_OPS; a captured decode graph
+fp32 GEMMs `fp32_linear`: `row_tiled` 64-row tiles, or on the GPU the kernel's M-independent order).
+Read at every call, like SGLANG_DSV41_TORCH_OPS; a captured decode graph
 keeps the mode it was captured in.
 """
 
@@ -40,7 +41,8 @@ def deterministic() -> bool:
 
 def row_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
     """fn applied to x [M, ...] as calls on exactly `tile` rows (the last tile zero-padded), the
-    results concatenated and cut to M rows. fn must be row-wise (row i of fn(t) depends on t[i] only)."""
+    results concatenated and cut to M rows. fn must be row-wise (row i of fn(t) depends on t[i] only).
+    Shared by `layers.linear.fp32_linear` and its kernel op's twin (`dsv41_kernels.fp32_gemm`)."""
     m = x.size(0)
     pad = -m % tile
     if pad:

@@ -82,7 +82,8 @@ def test_block_slot_follows_use_kernels(tiny_model):
         finally:
             use_torch(tiny_model)
     assert all("mhc_gates" not in b.__dict__ and b.mhc_gates is gates for b in tiny_model.layers)
-    assert Block.kernel_slots == {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand"}
+    assert Block.kernel_slots == {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand",
+                                  "fp32_gemm": "fp32_linear"}
     for site, a, b in zip(("attn", "ffn"), got, want):
         assert_gates_equal(a, b, what=site)
 

@@ -4,7 +4,8 @@ Parameter names follow the checkpoint: `attn_norm`, `ffn_norm`, `hc_{attn,ffn}_{
 `attn.*`, `ffn.*`, `engram.*`. `forward` runs the attention and MoE sites in paper order with the
 lagged mHC schedule (a sublayer's input is collapsed with the previous site's `pre`, spec model
 3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`. The mHC math
-goes through the kernel slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc).
+goes through the kernel slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc), the
+mix GEMM through `fp32_gemm` (default: layers.linear.fp32_linear).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from sglang_dsv41.layers.norm import RMSNorm
 
 
 class Block(nn.Module):
-    kernel_slots = {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand"}
+    kernel_slots = {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand",
+                    "fp32_gemm": "fp32_linear"}
+    fp32_gemm = staticmethod(fp32_linear)  # (x [T, n*H], fn [(2+n)n, n*H] fp32) -> mix fp32 [T, (2+n)n]
     mhc_gates = staticmethod(gates)  # (x, mix, base, scale, iters, hc_eps, norm_eps) -> (pre, post, comb)
     mhc_collapse = staticmethod(collapse)  # (streams [T,n,H], pre [T,n]) -> [T,H]
     mhc_expand = staticmethod(expand)  # (y [T,H], streams [T,n,H], post [T,n], comb [T,n,n]) -> [T,n,H]
@@ -46,9 +49,9 @@ class Block(nn.Module):
 
     def hc_mix(self, site: str, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(pre, post, comb) of site 'attn' or 'ffn' computed from that site's input streams [T, n, H]:
-        the fp32 GEMM here, the rest in the `mhc_gates` slot (layers.mhc.gates)."""
+        the fp32 GEMM in the `fp32_gemm` slot, the rest in the `mhc_gates` slot (layers.mhc.gates)."""
         x = streams.flatten(1)
-        mix = fp32_linear(x, getattr(self, f"hc_{site}_fn"))
+        mix = self.fp32_gemm(x, getattr(self, f"hc_{site}_fn"))
         return self.mhc_gates(
             x,
             mix,

@@ -8,9 +8,10 @@
 Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
 
 Kernel slots: the GEMM of `FP8Linear` / `MXFP4Linear` is the class attribute `gemm`, the pure-torch
-`sglang_dsv41.quant` function. `kernel_slots` names the op that may replace it; a caller applies
-kernels to a built model (`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on
-the instance. Nothing here imports a kernel.
+`sglang_dsv41.quant` function; `BF16Linear.forward_fp32` goes through `fp32_gemm` (`fp32_linear`
+below). `kernel_slots` names the op that may replace it; a caller applies kernels to a built model
+(`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on the instance. Nothing here
+imports a kernel.
 """
 
 from __future__ import annotations
@@ -23,26 +24,19 @@ from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
 
 
-ROW_TILE = 64
-
-
 def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """fp32(x) @ fp32(w)^T whose every row is independent of the other rows and of the row count.
 
     BLAS picks kernels (and so summation orders) by shape: on CPU an fp32 GEMM with a handful of rows
     rounds differently from the same rows inside a larger GEMM. Running every call as exactly
-    ROW_TILE-row GEMMs (the last tile zero-padded) makes the result batch-invariant, which the
-    prefix-equality and chunked-prefill invariants rely on. x [..., K], w [N, K] -> fp32 [..., N].
+    ROW_TILE-row GEMMs (`determinism.row_tiled`: the last tile zero-padded) makes the result
+    batch-invariant, which the prefix-equality and chunked-prefill invariants rely on.
+    x [..., K], w [N, K] -> fp32 [..., N]. The kernel op `fp32_linear` (dsv41_kernels.fp32_gemm, the
+    `fp32_gemm` slot of the callers) has this formulation as its twin.
     """
-    lead, k = x.shape[:-1], x.shape[-1]
-    xf = x.reshape(-1, k).float()
     wf = w.float()
-    m = xf.size(0)
-    pad = -m % ROW_TILE
-    if pad:
-        xf = torch.cat([xf, xf.new_zeros(pad, k)])
-    out = torch.cat([F.linear(t, wf) for t in xf.split(ROW_TILE)]) if xf.size(0) else xf.new_zeros(0, w.size(0))
-    return out[:m].reshape(*lead, w.size(0))
+    rows = row_tiled(lambda t: F.linear(t, wf), x.reshape(-1, x.size(-1)).float())
+    return rows.reshape(*x.shape[:-1], w.size(0))
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
@@ -93,6 +87,9 @@ class MXFP4Linear(nn.Module):
 
 
 class BF16Linear(nn.Module):
+    kernel_slots = {"fp32_gemm": "fp32_linear"}  # forward_fp32 only
+    fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
+
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.weight = _param((out_features, in_features), torch.bfloat16)
@@ -104,4 +101,4 @@ class BF16Linear(nn.Module):
 
     def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 GEMM of fp32(x) with the bf16 weight widened to fp32 (compressor ratio 2, router)."""
-        return fp32_linear(x, self.weight)
+        return self.fp32_gemm(x, self.weight)

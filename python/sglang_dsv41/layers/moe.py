@@ -25,6 +25,9 @@ from sglang_dsv41.quant import fp4_linear
 
 
 class Gate(nn.Module):
+    kernel_slots = {"fp32_gemm": "fp32_linear"}  # the router logits GEMM (runtime/kernels.py)
+    fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         m = cfg.moe
@@ -34,7 +37,7 @@ class Gate(nn.Module):
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] bf16 -> fp32 [T, E] sqrtsoftplus scores (softplus is z for z > 20)."""
-        return F.softplus(fp32_linear(x, self.weight)).sqrt()
+        return F.softplus(self.fp32_gemm(x, self.weight)).sqrt()
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (weights fp32 [T, k], expert ids int64 [T, k]). `forced` [T, k] replays given ids."""

@@ -39,14 +39,18 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    """lm head; logits are computed in fp32 from the bf16 weight (the reference keeps it fp32)."""
+    """lm head; logits are computed in fp32 from the bf16 weight (the reference keeps it fp32), through
+    the kernel slot `fp32_gemm` (op `fp32_linear`; default: layers.linear.fp32_linear)."""
+
+    kernel_slots = {"fp32_gemm": "fp32_linear"}
+    fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
 
     def __init__(self, vocab: int, hidden: int):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(vocab, hidden, dtype=torch.bfloat16), requires_grad=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return fp32_linear(h, self.weight)
+        return self.fp32_gemm(h, self.weight)
 
 
 @dataclass

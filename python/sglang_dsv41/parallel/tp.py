@@ -12,7 +12,7 @@
     ShardedEngramTable     Engram rows [lo, hi) (`shard_range`, spec model 5.5); the zero-fill +
                            exact all-reduce lookup of the spec's default device-shard mode.
 
-Each keeps its base class's kernel slots (`gemm`, `gather`), so `runtime.kernels.use_kernels`
+Each keeps its base class's kernel slots (`gemm`, `fp32_gemm`, `gather`), so `runtime.kernels.use_kernels`
 applied after `shard` points them at the op table as usual.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dsv41.layers.engram import EngramTable
-from sglang_dsv41.layers.linear import FP8Linear, fp32_linear
+from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.layers.transformer import Embedding, Head
 from sglang_dsv41.parallel.collectives import Collectives
 
@@ -68,7 +68,7 @@ class VocabParallelHead(Head):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h bf16 [R, H] -> fp32 [R, vocab]."""
-        part = fp32_linear(h, self.weight)
+        part = self.fp32_gemm(h, self.weight)  # Head's slot: the same per-column dot products
         if part.size(-1) < self.width:
             part = F.pad(part, (0, self.width - part.size(-1)))
         return self.comm.gather_last(part, self.vocab)

@@ -1,0 +1,125 @@
+"""CPU: the fp32 GEMM op `fp32_linear` (dsv41_kernels.fp32_gemm). The layer function
+`layers.linear.fp32_linear` (now written through `determinism.row_tiled`) equals its former formulation
+(`_old_fp32_linear` below, kept verbatim) bit for bit, and the op's twin equals the layer function, for
+row counts around the 64-row tile, bf16 / fp32 operands and leading dims; the `fp32_gemm` slots of Head,
+Gate, Block and BF16Linear follow `use_kernels` / `use_torch`, and the tiny model's reference logits are
+the same bits with the op in those slots; the Triton kernel through the interpreter (one subprocess,
+fp32_gemm_interp.py) against the twin within the tolerance and bitwise invariant over rows and configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fp32_gemm_cases import assert_bits_equal, build
+
+ROWS = [0, 1, 63, 64, 65, 130]
+DTYPES = [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+          (torch.float32, torch.float32)]
+
+
+def _old_fp32_linear(x, w):
+    """The former `layers.linear.fp32_linear` (oracle, kept verbatim but for the constant)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    xf = x.reshape(-1, k).float()
+    wf = w.float()
+    m = xf.size(0)
+    pad = -m % 64
+    if pad:
+        xf = torch.cat([xf, xf.new_zeros(pad, k)])
+    out = torch.cat([F.linear(t, wf) for t in xf.split(64)]) if xf.size(0) else xf.new_zeros(0, w.size(0))
+    return out[:m].reshape(*lead, w.size(0))
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("xdt, wdt", DTYPES, ids=lambda d: str(d)[6:])
+def test_layer_equals_former_formula_and_twin_equals_layer(m, xdt, wdt):
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.linear import fp32_linear
+
+    x, w = build(m, 24, 320, xdt, wdt, seed=m)
+    want = _old_fp32_linear(x, w)
+    assert want.shape == (m, 24) and want.dtype == torch.float32
+    assert_bits_equal(fp32_linear(x, w), want, what="layer vs former")
+    assert_bits_equal(ops.fp32_linear.torch(x, w), want, what="twin vs former")
+    assert_bits_equal(ops.fp32_linear(x, w), want, what="op on CPU")  # dispatches to the twin
+
+
+def test_leading_dims_and_rows_alone():
+    from dsv41_kernels import ops
+    from sglang_dsv41.layers.linear import fp32_linear
+
+    x, w = build(130, 40, 200, torch.bfloat16, torch.bfloat16, seed=7)
+    full = fp32_linear(x, w)
+    assert_bits_equal(ops.fp32_linear.torch(x.view(2, 5, 13, 200), w), full.view(2, 5, 13, 40), what="leading dims")
+    for a, b in ((0, 1), (5, 12), (64, 130), (100, 130)):  # a row's bits do not depend on the rows beside it
+        assert_bits_equal(ops.fp32_linear.torch(x[a:b], w), full[a:b], what=f"rows {a}:{b}")
+    exact = (x.double() @ w.double().T).float()
+    assert torch.allclose(full, exact, rtol=1e-5, atol=1e-3)
+
+
+def test_op_is_registered_with_its_kernel_module():
+    from dsv41_kernels import registry
+
+    op = registry.all_ops()["fp32_linear"]
+    assert op.kernel_module == "dsv41_kernels.fp32_gemm_triton"
+    x, w = build(3, 8, 16, torch.bfloat16, torch.bfloat16, seed=1)
+    assert not op.uses_triton((x, w))  # CPU tensors: the twin
+
+
+def _fp32_slots(model):
+    from sglang_dsv41.layers.block import Block
+    from sglang_dsv41.layers.linear import BF16Linear
+    from sglang_dsv41.layers.moe import Gate
+    from sglang_dsv41.layers.transformer import Head
+
+    kinds = (Block, BF16Linear, Gate, Head)
+    return [m for m in model.modules() if isinstance(m, kinds)]
+
+
+def test_fp32_gemm_slots_follow_use_kernels(tiny_model, tiny_reference):
+    """use_kernels points the `fp32_gemm` slot of every Block, Gate, Head and BF16Linear at the table's
+    op (and the forward calls it), use_torch restores the layer function; the reference logits are
+    the same bits either way (on CPU the op runs its twin)."""
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.layers.block import Block
+    from sglang_dsv41.layers.linear import fp32_linear
+    from sglang_dsv41.runtime.kernels import use_kernels, use_torch
+
+    slotted = _fp32_slots(tiny_model)
+    kinds = {type(m).__name__ for m in slotted}
+    assert {"Block", "Gate", "Head", "BF16Linear"} <= kinds, kinds
+    assert Block.kernel_slots["fp32_gemm"] == "fp32_linear"
+    ids = torch.randint(3, tiny_model.cfg.vocab_size, (48,), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        want = tiny_reference.forward(ids).logits
+    table, calls = OpTable.kernels().counting()
+    try:
+        use_kernels(tiny_model, table)
+        assert all(m.__dict__.get("fp32_gemm") is table.fp32_linear for m in slotted)
+        with torch.inference_mode():
+            got = tiny_reference.forward(ids).logits
+    finally:
+        use_torch(tiny_model)
+    assert all("fp32_gemm" not in m.__dict__ and m.fp32_gemm is fp32_linear for m in slotted)
+    n_layers = len(tiny_model.layers)
+    assert calls[("fp32_linear", "torch")] >= 3 * n_layers + 1, calls  # 2 mHC mixes + router per layer, head
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.interp
+def test_fp32_gemm_kernel_under_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", ATEN_CPU_CAPABILITY="default", PYTHONWARNINGS="ignore")
+    script = Path(__file__).with_name("fp32_gemm_interp.py")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    # 7 shapes + layouts + (batch invariance, configs) x (bf16, fp32 weight)
+    assert len(lines) == 12, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
