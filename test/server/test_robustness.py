@@ -11,6 +11,7 @@ without the generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0) so it can be
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -152,12 +153,28 @@ CLASSES = [
      "stop: an empty stop string"),
     ("/generate", {"text": "hi", "sampling_params": _sp(stop=["x", ""])}, "sampling_params.stop[1]: an empty stop"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "stop_regex": "a*"}, "matches the empty string"),
+    # found fuzzing the other endpoints (2026-12): embedding overrides reached the model's missing
+    # get_input_embeddings() and killed the scheduler
+    ("/v1/score", {"query": [5, 6], "items": [[7]], "label_token_ids": [5], "query_embed_overrides": [[1.0]],
+                   "embed_override_token_id": 5}, "query_embed_overrides: input-embedding overrides"),
+    ("/generate", {"text": "hi", "positional_embed_overrides": {"positions": [0], "embeds": [[1.0]]},
+                   "sampling_params": _sp()}, "positional_embed_overrides"),
+    # a text query with token-id items was scored as the text "Is it[7]" (a silent wrong score)
+    ("/v1/score", {"query": "Is it", "items": [[7]], "label_token_ids": [5]}, "items: token-id items need"),
+    # Ollama: SGLang's ValueErrors were 500s (a cut-off 200 for a stream); /api/chat had no chat template (500);
+    # num_predict 0 answered an empty 200, and format / images / unknown models were ignored
+    ("/api/generate", {"prompt": "hi", "stream": True, "options": {"num_predict": -1}}, "options.num_predict"),
+    ("/api/generate", {"prompt": "hi", "stream": True, "options": {"top_p": 5}}, "top_p"),
+    ("/api/generate", {"prompt": "hi", "stream": False, "options": {"num_predict": 0}}, "options.num_predict"),
+    ("/api/generate", {"prompt": "hi", "stream": False, "format": "json"}, "format: output formats"),
+    ("/api/generate", {"model": "nope", "prompt": "hi", "stream": False}, "does not exist on this server"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, "chat template"),
 ]
 
 
 @pytest.mark.parametrize("path, body, fragment", CLASSES, ids=[f"{p}:{f}" for p, _, f in CLASSES])
 def test_refused_with_a_message_naming_the_field(server, model, path, body, fragment):
-    status, text, r = post(server, path, {"model": model, **body} if path.startswith("/v1") else body)
+    status, text, r = post(server, path, {"model": model, **body} if path.startswith(("/v1", "/api")) else body)
     assert 400 <= status < 500, text[:500]
     assert fragment in _message(r), text[:500]
     assert check_reply(Case(0, path, b""), status, text) is None
@@ -277,3 +294,59 @@ def test_fuzz_http_surface(server, model):
     time.sleep(3)  # several idle scheduler loops, each running the pool check
     assert "memory leak detected" not in server.log_text()
     assert alive(server) is None  # a floor only: the count depends on the machine
+
+
+def test_ollama_generate_still_answers(server, model):
+    """The Ollama hooks leave good requests alone: a stream (run to its first chunk before the header) and a
+    plain answer give the same greedy text, and the stream says why it ended."""
+    body = {"model": model, "prompt": "Hello", "options": {"num_predict": 3, "temperature": 0}}
+    status, text, r = post(server, "/api/generate", {**body, "stream": False})
+    assert status == 200, text[:300]
+    status, streamed, _ = post(server, "/api/generate", {**body, "stream": True})
+    assert status == 200, streamed[:300]
+    chunks = [json.loads(line) for line in streamed.splitlines() if line.strip()]
+    # SGLang's stream dropped the final chunk's text (fixed by other_endpoints.ollama_generate_stream)
+    assert chunks[-1]["done"] and "".join(c["response"] for c in chunks) == r.json()["response"]
+    assert chunks[-1]["done_reason"] == ("length" if r.json()["eval_count"] == 3 else "stop")
+
+
+MIX_GOOD = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 2, "temperature": 0}),
+    ("/v1/completions", {"prompt": "The number is", "max_tokens": 2, "temperature": 0}),
+    ("/generate", {"input_ids": [5, 17, 300], "sampling_params": _sp(max_new_tokens=2)}),
+    ("/api/generate", {"prompt": "Say", "stream": False, "options": {"num_predict": 2, "temperature": 0}}),
+]
+MIX_BAD = [path_body[:2] for path_body in CLASSES if path_body[0] in ("/v1/score", "/api/generate", "/generate")][-8:]
+
+
+def _mix_answer(path: str, r) -> object:
+    body = r.json()
+    return {"/generate": lambda: body["output_ids"], "/api/generate": lambda: body["response"],
+            "/v1/completions": lambda: body["choices"][0]["text"],
+            "/v1/chat/completions": lambda: body["choices"][0]["message"]["content"]}[path]()
+
+
+def test_parallel_mix_good_answers_equal_alone(server, model):
+    """8 good requests (greedy) interleaved with 8 bad ones, all in flight at once: every bad one gets its 4xx,
+    every good answer equals the same request sent alone, and the server stays up."""
+    def request(path, body):
+        return post(server, path, {"model": model, **body} if path.startswith(("/v1", "/api")) else body)
+
+    alone = [_mix_answer(p, request(p, b)[2]) for p, b in MIX_GOOD]
+    work = [("good", i % len(MIX_GOOD)) for i in range(8)] + [("bad", i) for i in range(len(MIX_BAD))]
+    work = [w for pair in zip(work[:8], work[8:]) for w in pair]  # good, bad, good, bad, ...
+
+    def one(item):
+        kind, i = item
+        path, body = (MIX_GOOD if kind == "good" else MIX_BAD)[i]
+        status, text, r = request(path, body)
+        if kind == "bad":
+            return None if 400 <= status < 500 else f"bad {path} -> {status}: {text[:200]}"
+        if status != 200 or _mix_answer(path, r) != alone[i]:
+            return f"good {path} -> {status}: {text[:200]} (alone: {alone[i]!r})"
+        return None
+
+    with ThreadPoolExecutor(len(work)) as pool:
+        problems = [p for p in pool.map(one, work) if p]
+    assert len(MIX_BAD) == 8 and not problems, problems
+    assert alive(server) is None

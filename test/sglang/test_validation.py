@@ -314,3 +314,97 @@ def test_stop_strings_types_and_sizes(value, fragment):
 
     err = stop_strings_error(value)
     assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
+
+
+# ---------------------------------------------------------------------------- other endpoints (other_endpoints.py)
+def test_embedding_overrides_are_refused_at_every_point():
+    """Embedding overrides made SGLang's forward call the model's missing get_input_embeddings(): the scheduler
+    died. Refused at the `/generate` entry, after tokenizing, and at the scheduler's admission check."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    body = {"text": "hi", "positional_embed_overrides": {"positions": [0], "embeds": [[1.0]]}}
+    assert "positional_embed_overrides: input-embedding overrides" in generate_body_error(body, LIMITS)
+    assert "embed_overrides: input-embedding overrides" in generate_body_error(
+        {"input_ids": [5, 6], "embed_overrides": [[[1.0]]], "embed_override_token_id": 5}, LIMITS)
+    obj = GenerateReqInput(input_ids=[5, 6], positional_embed_overrides={"positions": [0], "embeds": [[1.0]]})
+    assert "positional_embed_overrides: input-embedding overrides" in tokenized_error(obj, [5, 6], V)
+    req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, positional_embed_overrides=object())
+    assert "positional_embed_overrides" in hooks.check_admitted(None, req)
+
+
+def test_score_request():
+    from sglang.srt.entrypoints.openai.protocol import ScoringRequest
+
+    from sglang_dsv41.sglang.other_endpoints import score_request_error
+
+    ok = dict(query="Is it", items=["yes", "no"], label_token_ids=[5, 6])
+    assert score_request_error(ScoringRequest(**ok)) is None
+    assert score_request_error(ScoringRequest(**{**ok, "query": [5], "items": [[6], [7]]})) is None
+    assert "items: token-id items need a token-id query" in score_request_error(
+        ScoringRequest(**{**ok, "items": [[99]]}))
+    assert "query_embed_overrides: input-embedding overrides" in score_request_error(ScoringRequest(
+        **{**ok, "query": [5, 6], "query_embed_overrides": [[1.0]], "embed_override_token_id": 5}))
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"options": {"num_predict": -1}}, "options.num_predict: must be an integer of at least 1"),
+    ({"options": {"num_predict": 0}}, "options.num_predict"),
+    ({"options": {"num_predict": "x"}}, "options.num_predict"),
+    ({"options": {"temperature": "x"}}, "options.temperature: expected a number"),
+    ({"options": {"top_p": True}}, "options.top_p: expected a number"),
+    ({"options": {"top_k": 2**40}}, "options.top_k"),
+    ({"options": {"seed": 1.5}}, "options.seed: expected an integer"),
+    ({"options": {"stop": 5}}, "options.stop: expected a string or a list"),
+    ({"options": {"stop": ["a", ""]}}, "options.stop[1]: an empty stop string"),
+    ({"format": "json"}, "format: output formats are not implemented"),
+    ({"context": [1, 2]}, "context:"),
+    ({"suffix": "x"}, "suffix: fill-in-the-middle"),
+    ({"template": "{{ .Prompt }}"}, "template:"),
+    ({"images": ["AAAA"]}, "images: this server serves DeepSeek-V4.1 as a text-only model"),
+])
+def test_ollama_generate_request(fields, fragment):
+    from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateRequest
+
+    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+
+    base = {"model": "m", "prompt": "hi", "options": {"num_predict": 2}}
+    assert ollama_request_error(OllamaGenerateRequest(**base)) is None
+    assert fragment in ollama_request_error(OllamaGenerateRequest(**{**base, **fields}))
+
+
+def test_ollama_chat_request():
+    from sglang.srt.entrypoints.ollama.protocol import OllamaChatRequest
+
+    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+
+    ok = OllamaChatRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                           options={"num_predict": 3, "temperature": 0, "top_k": -1, "stop": "x", "seed": 1})
+    assert ollama_request_error(ok) is None
+    bad = OllamaChatRequest(model="m", messages=[{"role": "user", "content": "hi"},
+                                                 {"role": "user", "content": "x", "images": ["AAAA"]}])
+    assert "messages[1].images" in ollama_request_error(bad)
+
+
+def test_ollama_stream_errors_surface_before_the_header():
+    """other_endpoints._start_stream: a ValueError raised while the stream submits its request reaches the hook
+    (which answers 400); a good stream keeps every chunk, in order."""
+    from fastapi.responses import StreamingResponse
+
+    from sglang_dsv41.sglang.other_endpoints import _start_stream
+
+    async def failing():
+        raise ValueError("top_p must be in (0, 1]")
+        yield b""  # an async generator
+
+    async def good():
+        for chunk in (b"a", b"b", b"c"):
+            yield chunk
+
+    async def run():
+        with pytest.raises(ValueError, match="top_p"):
+            await _start_stream(StreamingResponse(failing()))
+        response = StreamingResponse(good())
+        await _start_stream(response)
+        return [chunk async for chunk in response.body_iterator]
+
+    assert asyncio.run(run()) == [b"a", b"b", b"c"]

@@ -4,9 +4,9 @@ Each entry of `HOOKS` names the SGLang object it touches and why; `install()` ap
 `test/sglang/test_hooks.py` fails loudly when a target moves. Public plugin APIs (resolution-hook and
 model-override registries, HookRegistry) are preferred. HookRegistry wraps plain functions in four
 places (the architecture rewrite, the `/generate` contract check, the scheduler's admission check and the
-pool-configurator factory), methods of the OpenAI serving classes and the tokenizer manager for request
-validation (validation.py holds the rules) and of KVCacheConfigurator for the KV budget (kv_budget.py),
-and the only writes into SGLang tables are the CPU host allocator and the HTTP app's error handlers
+pool-configurator factory), methods of the OpenAI and Ollama serving classes and the tokenizer manager for
+request validation (validation.py and other_endpoints.py hold the rules) and of KVCacheConfigurator for the
+KV budget (kv_budget.py), and the only writes into SGLang tables are the CPU host allocator and the HTTP app's error handlers
 (through FastAPI's `add_exception_handler`).
 """
 
@@ -76,6 +76,21 @@ HOOKS = (
          "text-only content)."),
     Hook("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
          "AFTER hook (on the inherited no-op): `/detokenize` ids must be ids of the tokenizer (a 500 before)."),
+    Hook("sglang.srt.entrypoints.openai.serving_score.OpenAIServingScore._validate_request",
+         "AFTER hook (on the inherited no-op): the model-name check, then the `/v1/score` rules of other_endpoints.py "
+         "(no embedding overrides: they killed the scheduler; no text query with token-id items: a silent wrong score)."),
+    Hook("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingTokenize._validate_request",
+         "AFTER hook (on the inherited no-op): the model-name check, as on every OpenAI endpoint."),
+    Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate",
+         "AROUND hook (other_endpoints.py): Ollama rules first (model name, options, unserved fields); SGLang's own "
+         "ValueErrors become a 400 (were a 500), and a stream is run to its first chunk before the 200 is sent."),
+    Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat",
+         "AROUND hook: the same as handle_generate, and a 400 when the tokenizer has no chat template (was a 500)."),
+    Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing._stream_generate_response",
+         "AROUND hook: SGLang's `/api/generate` stream dropped the text of its final chunk (a streamed answer lost "
+         "its last token); ours sends every delta and a `done_reason` of `length` or `stop`."),
+    Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.get_show",
+         "AROUND hook: `/api/show` of a model this server does not serve is a 404 (SGLang described any name)."),
     Hook("sglang.srt.entrypoints.api_contract.generate_contract_error",
          "AFTER hook: `/generate` answers a non-None result with a 400 before streaming starts; we add the "
          "native endpoint's rules (ids, max_new_tokens >= 1, n, top_logprobs_num, text budget)."),
@@ -204,7 +219,20 @@ def check_detokenize_request(result, serving, request, *args, **kwargs):
     tokenizer = serving.tokenizer_manager.tokenizer
     if result or tokenizer is None:
         return result
-    return detokenize_request_error(request.tokens, len(tokenizer))
+    return (model_name_error(serving.tokenizer_manager, getattr(request, "model", None))
+            or detokenize_request_error(request.tokens, len(tokenizer)))
+
+
+def check_other_openai_request(result, serving, request, *args, **kwargs):
+    """AFTER hook on OpenAIServing{Score,Tokenize}._validate_request(self, request) -> str | None."""
+    from sglang_dsv41.sglang.other_endpoints import score_request_error
+
+    if result:
+        return result
+    error = model_name_error(serving.tokenizer_manager, getattr(request, "model", None))
+    if error or not hasattr(request, "label_token_ids"):
+        return error
+    return score_request_error(request)
 
 
 def check_generate_body(result, body, *args, **kwargs):
@@ -257,7 +285,7 @@ def check_admitted(result, req, *args, **kwargs):
     sampling["stop_regex"] = list(getattr(sp, "stop_regex_strs", None) or ()) or None
     sampling["stop"] = list(getattr(sp, "stop_strs", None) or ()) or None
     return admitted_error(req.origin_input_ids, getattr(req, "vocab_size", None), getattr(req, "top_logprobs_num", 0),
-                          sampling)
+                          sampling, getattr(req, "positional_embed_overrides", None))
 
 
 def raised_reading_body(exc: BaseException) -> bool:
@@ -320,9 +348,17 @@ def _register(suffix: str, fn, kind: str) -> None:
 def _install_request_validation() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_dsv41.sglang import other_endpoints
+
+    special = {".OpenAIServingDetokenize.": check_detokenize_request, ".OpenAIServingScore.": check_other_openai_request,
+               ".OpenAIServingTokenize.": check_other_openai_request}
     for target in _targets("._validate_request"):
-        check = check_detokenize_request if ".OpenAIServingDetokenize." in target else check_openai_request
+        check = next((fn for key, fn in special.items() if key in target), check_openai_request)
         HookRegistry.register(target, check, HookType.AFTER)
+    for suffix in (".handle_generate", ".handle_chat"):
+        _register(suffix, other_endpoints.ollama_request, "AROUND")
+    _register(".get_show", other_endpoints.ollama_show, "AROUND")
+    _register("._stream_generate_response", other_endpoints.ollama_generate_stream, "AROUND")
     _register(".generate_contract_error", check_generate_body, "AFTER")
     _register("._validate_one_request", check_tokenized, "AFTER")
     _register("._tokenize_texts", tokenize_texts, "AROUND")

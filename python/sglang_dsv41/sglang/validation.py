@@ -33,6 +33,11 @@ OFF_LOOP_TOKENIZE_CHARS = 64 * 1024
 HTTP event loop keeps serving other clients (tokenizing takes about 1 s per MB on a 2-core machine)."""
 
 MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
+EMBED_OVERRIDE_FIELDS = ("positional_embed_overrides", "embed_overrides", "query_embed_overrides",
+                         "item_embed_overrides")
+"""Request fields that replace input embeddings at token positions. SGLang's forward then asks the model for
+`get_input_embeddings()`, which DeepSeek-V4.1 here does not have (its embedding is inside the core model), and
+the scheduler died with every request in flight."""
 
 
 class RequestError(ValueError):
@@ -246,6 +251,9 @@ def multimodal_error(values: dict) -> str | None:
             return f"{name}: this server serves DeepSeek-V4.1 as a text-only model; send text or token ids"
     if values.get("input_embeds") is not None:
         return "input_embeds: not supported by DeepSeek-V4.1 here; send text or token ids"
+    for name in EMBED_OVERRIDE_FIELDS:
+        if values.get(name) is not None:
+            return f"{name}: input-embedding overrides are not supported by DeepSeek-V4.1 here; send text or token ids"
     return None
 
 
@@ -430,7 +438,7 @@ def detokenize_request_error(tokens: Any, tokenizer_size: int) -> str | None:
 # ---------------------------------------------------------------------------- after tokenization
 def tokenized_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
     """One generate request (a GenerateReqInput element) with its prompt ids, from any entry point."""
-    values = {name: getattr(obj, name, None) for name in (*MULTIMODAL_FIELDS, "input_embeds")}
+    values = {name: getattr(obj, name, None) for name in (*MULTIMODAL_FIELDS, "input_embeds", *EMBED_OVERRIDE_FIELDS)}
     field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
     if field == "text" and input_ids is not None and not len(input_ids):
         return "text: the prompt has no tokens after tokenization; send at least one token"
@@ -445,12 +453,13 @@ def tokenized_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
 
 
 def admitted_error(input_ids: Any, vocab_size: int | None, top_logprobs_num: Any,
-                   sampling: dict | None = None) -> str | None:
+                   sampling: dict | None = None, embed_overrides: Any = None) -> str | None:
     """The scheduler's view of one request (Req.origin_input_ids, Req.vocab_size, Req.top_logprobs_num,
-    and its SamplingParams as a dict): the rules whose breach ends the scheduler."""
+    its SamplingParams as a dict, Req.positional_embed_overrides): the rules whose breach ends the scheduler."""
     if vocab_size is None:
         return None
-    return _first(ids_error(list(input_ids), vocab_size, "input_ids"),
+    return _first(multimodal_error({"positional_embed_overrides": embed_overrides}),
+                  ids_error(list(input_ids), vocab_size, "input_ids"),
                   top_logprobs_error(top_logprobs_num, vocab_size, "top_logprobs_num"),
                   sampling_error(sampling, vocab_size))
 
