@@ -8,9 +8,6 @@ fp32_gemm_interp.py) against the twin within the tolerance and bitwise invariant
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fp32_gemm_cases import assert_bits_equal, build
+from check_runner import run_script
 
 ROWS = [0, 1, 63, 64, 65, 130]
 DTYPES = [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
@@ -116,10 +114,5 @@ def test_fp32_gemm_slots_follow_use_kernels(tiny_model, tiny_reference):
 @pytest.mark.interp
 def test_fp32_gemm_kernel_under_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", ATEN_CPU_CAPABILITY="default", PYTHONWARNINGS="ignore")
-    script = Path(__file__).with_name("fp32_gemm_interp.py")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
     # 7 shapes + layouts + (batch invariance, configs) x (bf16, fp32 weight)
-    assert len(lines) == 12, res.stdout[-2000:] + res.stderr[-2000:]
-    assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
+    run_script(Path(__file__).with_name("fp32_gemm_interp.py"), 12, pin_cpu_kernels=True)

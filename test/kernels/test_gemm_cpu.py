@@ -6,11 +6,12 @@ set before Triton decorates the kernels, hence a subprocess running this file as
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from check_runner import run_script
 
 pytest.importorskip("triton")
 
@@ -41,10 +42,7 @@ def _check() -> int:
 
 @pytest.mark.interp
 def test_mxfp8_quant_kernel_bitwise_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
-    assert lines and res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    run_script(Path(__file__), timeout=300)
 
 
 if __name__ == "__main__":

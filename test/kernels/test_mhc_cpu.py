@@ -8,9 +8,6 @@ interpreter (one subprocess, mhc_interp.py) equal the twins bit for bit."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,7 @@ import pytest
 import torch
 
 from mhc_cases import HC_EPS, NORM_EPS, assert_bits_equal, assert_gates_equal, build_gates, build_streams
+from check_runner import run_script
 
 CASES = [(1, 4, 128, "bf16", False, 20), (37, 4, 128, "bf16", True, 20), (9, 4, 5120, "bf16", True, 20),
          (12, 4, 64, "fp32", True, 20), (8, 3, 32, "bf16", True, 7), (8, 1, 96, "fp32", True, 1), (0, 4, 128, "bf16", False, 20)]
@@ -201,11 +199,6 @@ def test_mhc_stream_slots_follow_use_kernels(tiny_model, tiny_reference):
 @pytest.mark.interp
 def test_mhc_kernel_under_interpreter():
     pytest.importorskip("triton")
-    # the interpreter's exp / sigmoid are torch's CPU ones (mhc_triton.py): pin them to the scalar kernels
-    env = dict(os.environ, TRITON_INTERPRET="1", ATEN_CPU_CAPABILITY="default", PYTHONWARNINGS="ignore")
-    script = Path(__file__).with_name("mhc_interp.py")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    # the interpreter's exp / sigmoid are torch's CPU ones (mhc_triton.py): pin them to the scalar kernels;
     # 11 gates + 11 sums of squares + 15 collapse / expand checks
-    assert len(lines) == 37, res.stdout[-2000:] + res.stderr[-2000:]
-    assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
+    run_script(Path(__file__).with_name("mhc_interp.py"), 37, pin_cpu_kernels=True)

@@ -5,15 +5,13 @@ of these ops through the interpreter (one subprocess)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from moe_cases import build_moe
+from check_runner import run_script
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -95,9 +93,4 @@ def test_layer_transformations_keep_bits(tiny_model):
 @pytest.mark.interp
 def test_kernels_under_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    script = Path(__file__).with_name("moe_interp.py")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
-    assert len(lines) == 3, res.stderr[-2000:]  # moe_experts, gemm_configs, rms_norm
-    assert res.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
+    run_script(Path(__file__).with_name("moe_interp.py"), 3, timeout=300)  # moe_experts, gemm_configs, rms_norm
