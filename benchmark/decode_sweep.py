@@ -11,6 +11,8 @@ median GPU time of the whole op from CUDA-graph replays (activation quant and ro
 sizes rotate enough weight copies to exceed L2), bits equal to the first config's (torch.equal), speed-up
 over it, and GB/s of the weight bytes touched against the HBM copy ceiling measured in the same run.
 A config that fails to compile or run is reported and the sweep goes on.
+`--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
+shape being `fp32_gemm_triton.pick_config`'s choice.
 """
 
 from __future__ import annotations
@@ -115,6 +117,54 @@ def sweep_dense(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "c
             del xs, ref
         del weights
         torch.cuda.empty_cache()
+    return out
+
+
+FP32_SHAPES = (("head", 8, 1024, HID, "bf16"), ("head", 8, 129280, HID, "bf16"), ("head", 64, 129280, HID, "bf16"),
+               ("router", 8, 16, HID, "bf16"), ("router", 64, 16, HID, "bf16"), ("hc_mix", 8, 24, 4 * HID, "fp32"),
+               ("hc_mix", 64, 24, 4 * HID, "fp32"), ("hc_mix", 8192, 24, 4 * HID, "fp32"))
+"""`fp32_linear` at the decode step's shapes (bench / released head, 16-expert router, mHC mix with its fp32
+weight) and the prefill mHC mix; x bf16, the weight as named."""
+
+
+def fp32_configs(m: int, tc: bool) -> list[tuple]:
+    """Candidate (BM, BN, BK, SWAP, SPLIT, warps, stages) of `fp32_gemm_triton` (bf16: the MMA's M side 64
+    wide on whole warpgroups, as its wrapper asserts)."""
+    if tc and m <= 64:
+        bm = 16 if m <= 16 else 64
+        return [(bm, 64, 128, True, s, 4, st) for s in (False, True) for st in (3, 4)] + \
+               [(bm, 128, 64, True, s, 4, 3) for s in (False, True)] + [(bm, 64, 64, True, True, 4, 6)]
+    if tc:
+        return [(64, 64, 64, False, False, 4, 4), (128, 64, 64, False, False, 8, 4)]
+    bms = (16, 32) if m <= 64 else (32, 64, 128)
+    return [(bm, 32, bk, False, s, w, 3) for bm in bms for bk in (16, 32, 64) for s in (False, True) for w in (4, 8)]
+
+
+def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    from dsv41_kernels.fp32_gemm_triton import fp32_linear_triton, pick_config
+
+    out = []
+    for name, m, n, k, wkind in FP32_SHAPES:
+        wdt = torch.bfloat16 if wkind == "bf16" else torch.float32
+        x = torch.randn(m, k, device=dev).bfloat16()
+        w = (torch.randn(n, k, device=dev) * 0.02).to(wdt)
+        nbytes = x.numel() * 2 + w.numel() * w.element_size() + m * n * 4
+        chosen = tuple(pick_config(m, n, k, wkind == "bf16", dev))
+        configs = [chosen] + [c for c in fp32_configs(m, wkind == "bf16") if c != chosen]
+        ref = fp32_linear_triton(x, w, config=chosen).view(torch.int32)
+        t0 = None
+        for cfg in configs:
+            try:
+                tv = bench_graph([lambda c=cfg: fp32_linear_triton(x, w, config=c)])
+                same = torch.equal(fp32_linear_triton(x, w, config=cfg).view(torch.int32), ref)
+            except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
+                print(f"  fp32_linear {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            t0 = t0 or tv
+            tag = " (pick_config)" if cfg == chosen else ""
+            out.append(_row(record, peak_bw, "fp32_linear decode", f"{name} M={m} N={n} K={k} w={wkind} {cfg}{tag}",
+                            tv, t0, nbytes, 2 * m * n * k, same))
+        del x, w, ref
     return out
 
 

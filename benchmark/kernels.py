@@ -17,7 +17,7 @@ M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the 
 bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows, mHC
 stream collapse / expand at T = 8 / 8192);
 `--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py;
-`--only decode_moe` / `decode_dense`: its MoE / dense half only).
+`--only decode_moe` / `decode_dense`: its MoE / dense half only; `decode_fp32`: the fp32_linear configs).
 
     python benchmark/kernels.py --targets [--json targets.json] [--out targets.md]
 
@@ -583,6 +583,13 @@ def case_decode_dense():
     report(sweep_dense(bench_graph, record, gemm_weights, PEAK_BW))
 
 
+def case_decode_fp32():
+    """`fp32_linear` configs at the decode step's shapes, bits compared (decode_sweep.sweep_fp32)."""
+    from decode_sweep import report, sweep_fp32
+
+    report(sweep_fp32(bench_graph, record, PEAK_BW))
+
+
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), mHC stream collapse / expand (one
@@ -696,7 +703,8 @@ def main() -> None:
         try:
             fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
                   "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "decode": case_decode,
-                  "decode_moe": case_decode_moe, "decode_dense": case_decode_dense}[part]
+                  "decode_moe": case_decode_moe, "decode_dense": case_decode_dense,
+                  "decode_fp32": case_decode_fp32}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
