@@ -169,6 +169,8 @@ CLASSES = [
     ("/api/generate", {"prompt": "hi", "stream": False, "format": "json"}, "format: output formats"),
     ("/api/generate", {"model": "nope", "prompt": "hi", "stream": False}, "does not exist on this server"),
     ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, "chat template"),
+    # /vertex_generate builds SGLang's request from `parameters`: an unknown key was a 500
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"bogus": 1}}, "parameters: got an unexpected"),
 ]
 
 

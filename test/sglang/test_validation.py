@@ -267,6 +267,20 @@ def test_raised_reading_body():
         assert not hooks.raised_reading_body(e)
 
 
+def test_raised_building_vertex_request():
+    def vertex_generate():  # the route's name, but not SGLang's file: never taken for a request-building error
+        raise TypeError("GenerateReqInput.__init__() got an unexpected keyword argument 'bogus'")
+
+    try:
+        vertex_generate()
+    except TypeError as e:
+        assert not hooks.raised_building_vertex_request(e)
+    try:
+        raise TypeError("x")
+    except TypeError as e:
+        assert not hooks.raised_building_vertex_request(e)  # not raised inside the route at all
+
+
 def test_large_texts_tokenize_off_the_event_loop():
     """hooks.tokenize_texts runs SGLang's coroutine in a worker thread for large inputs only."""
     import threading

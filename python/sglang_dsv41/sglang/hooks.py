@@ -302,6 +302,22 @@ def raised_reading_body(exc: BaseException) -> bool:
     return False
 
 
+def raised_building_vertex_request(exc: BaseException) -> bool:
+    """True when `exc` escaped from `/vertex_generate` while it built SGLang's request from the body's
+    `parameters` (`GenerateReqInput(**parameters)`: an unknown key is a TypeError, a bad combination a
+    ValueError of the request's own checks), i.e. before the request was handed to `generate_request`."""
+    tb, in_route = exc.__traceback__, False
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if in_route and code.co_name == "generate_request":
+            return False  # raised while serving the request, not while building it
+        if code.co_name == "vertex_generate" and code.co_filename.replace("\\", "/").endswith(
+                "sglang/srt/entrypoints/http_server.py"):
+            in_route = True
+        tb = tb.tb_next
+    return in_route and isinstance(exc, (TypeError, ValueError))
+
+
 def add_error_handlers(*args, **kwargs):
     """BEFORE hook on http_server._setup_and_run_http_server: runs before uvicorn builds the app's
     middleware stack, so the handlers registered here are the ones requests meet (FastAPI's public
@@ -332,6 +348,8 @@ def add_error_handlers(*args, **kwargs):
         # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server log keeps the traceback.
         if raised_reading_body(exc):
             return error(request, 400, f"the request body has a field of the wrong type ({type(exc).__name__}: {exc})")
+        if raised_building_vertex_request(exc):
+            return error(request, 400, f"parameters: {str(exc).removeprefix('GenerateReqInput.__init__() ')}"[:300])
         return error(request, 500, "Internal server error")
 
     app.add_exception_handler(RequestValidationError, clean_validation_error)
