@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.fp32_gemm import fp32_linear
+from dsv41_kernels.gemm_triton import _sm_count
 from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET
 
 CHUNK = 1024
@@ -138,12 +139,6 @@ def _fold_chunks_kernel(part_ptr, out_ptr, MN, C, BLOCK: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------- host side
-def _sm_count(device) -> int:
-    """Streaming multiprocessors of `device` (132 on an H200; also the interpreter's stand-in)."""
-    dev = torch.device(device)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
-
-
 def _pow2(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
 
