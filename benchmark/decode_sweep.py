@@ -148,14 +148,19 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[d
         wdt = torch.bfloat16 if wkind == "bf16" else torch.float32
         x = torch.randn(m, k, device=dev).bfloat16()
         w = (torch.randn(n, k, device=dev) * 0.02).to(wdt)
-        nbytes = x.numel() * 2 + w.numel() * w.element_size() + m * n * 4
+        wbytes = w.numel() * w.element_size()
+        # weight copies rotated through the replay, working set > L2, as in a decode step (28 mHC mixes of
+        # 2 MB each): with one L2-resident weight a latency-bound variant looked 1.4x faster than the pick
+        # and made the step's fp32 GEMMs 1.33x slower (benchmark/results/2026-12-02-h200-fp32-mix.md)
+        ws = [w] + [w.clone() for _ in range(max(1, min(64, -(-(160 << 20) // wbytes))) - 1)]
+        nbytes = x.numel() * 2 + wbytes + m * n * 4
         chosen = tuple(pick_config(m, n, k, wkind == "bf16", dev))
         configs = [chosen] + [c for c in fp32_configs(m, wkind == "bf16") if c != chosen]
         ref = fp32_linear_triton(x, w, config=chosen).view(torch.int32)
         t0 = None
         for cfg in configs:
             try:
-                tv = bench_graph([lambda c=cfg: fp32_linear_triton(x, w, config=c)])
+                tv = bench_graph([lambda c=cfg, wi=wi: fp32_linear_triton(x, wi, config=c) for wi in ws])
                 same = torch.equal(fp32_linear_triton(x, w, config=cfg).view(torch.int32), ref)
             except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
                 print(f"  fp32_linear {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -164,7 +169,8 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[d
             tag = " (pick_config)" if cfg == chosen else ""
             out.append(_row(record, peak_bw, "fp32_linear decode", f"{name} M={m} N={n} K={k} w={wkind} {cfg}{tag}",
                             tv, t0, nbytes, 2 * m * n * k, same))
-        del x, w, ref
+        del x, w, ws, ref
+        torch.cuda.empty_cache()
     return out
 
 

@@ -146,12 +146,15 @@ def _pow2(n: int, lo: int, hi: int) -> int:
 def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
     """(BM, BN, BK, SWAP, SPLIT, num_warps, num_stages) for `_fp32_gemm_kernel`; every config gives
     the same bits (module docstring). First choices for the H200 from sm_90 compiles (registers,
-    shared memory), not yet swept on the device:
+    shared memory); the decode ones checked by the H200 sweep with weights rotated past L2
+    (benchmark/results/2026-12-02-h200-fp32-mix.md: each within 3% of the shape's fastest config):
       bf16, m <= 64  decode: SWAP tiles of 64 weight rows, BK 128 (weight streaming, many programs
                      along N; 60-130 registers, two programs per SM);
       bf16, m > 64   64 x BN or 128 x BN tiles, BN up to 128 (at least 16), BK 64;
       fp32 operand   FMA tiles of 16 / 32 / 64 rows by 32 or 64 columns (mHC: N = 24, one column
-                     tile, every row of x read once; 64 x 32 issues 2.5 FMAs per shared load, 32 x 32 1.7).
+                     tile, every row of x read once; 64 x 32 issues 2.5 FMAs per shared load, 32 x 32 1.7);
+                     up to 64 rows and 32 columns (the mHC mix at decode) 16 x 32 tiles with BK 64: more
+                     programs than 32-row tiles (42.9 vs 50.2 us at 64 rows).
     SPLIT (ordered two-pass over the K chunks) when the tiles would leave more than half the SMs idle."""
     if tc and m <= 64:
         bm = _pow2(m, 16, 64)
@@ -160,9 +163,10 @@ def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
         bm, bn, bk, swap = (128 if m >= 1024 else 64), _pow2(n, 16, 128), 64, False
         warps, stages = (8 if bm * bn >= 64 * 128 else 4), 4
     else:
-        bm = 16 if m <= 16 else 32 if m <= 2048 else 64
+        narrow = m <= 64 and n <= 32  # the decode mHC mix
+        bm = 16 if m <= 16 or narrow else 32 if m <= 2048 else 64
         bn = 32 if n <= 32 else 64
-        bk, swap, warps, stages = (32 if bn == 32 else 16), False, 4, 3
+        bk, swap, warps, stages = (64 if narrow else 32 if bn == 32 else 16), False, 4, 3
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split = 2 * tiles <= _sm_count(device) and k > CHUNK
     return bm, bn, bk, swap, split, warps, stages
