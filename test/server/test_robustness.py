@@ -171,6 +171,10 @@ CLASSES = [
     ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, "chat template"),
     # /vertex_generate builds SGLang's request from `parameters`: an unknown key was a 500
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"bogus": 1}}, "parameters: got an unexpected"),
+    # ... and the native /generate rules did not run on its instances and parameters (max_new_tokens 0: empty 200)
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}},
+     "parameters.sampling_params.max_new_tokens"),
+    ("/vertex_generate", {"instances": [{"input_ids": [5, 10**9]}], "parameters": {}}, "instances[*].input_ids"),
 ]
 
 
@@ -310,6 +314,31 @@ def test_ollama_generate_still_answers(server, model):
     # SGLang's stream dropped the final chunk's text (fixed by other_endpoints.ollama_generate_stream)
     assert chunks[-1]["done"] and "".join(c["response"] for c in chunks) == r.json()["response"]
     assert chunks[-1]["done_reason"] == ("length" if r.json()["eval_count"] == 3 else "stop")
+    assert r.json()["done_reason"] == chunks[-1]["done_reason"]  # SGLang's plain answer always said "stop"
+    long = {**body, "stream": False, "options": {"num_predict": 1, "temperature": 0}}
+    status, text, r = post(server, "/api/generate", long)
+    assert status == 200 and r.json()["eval_count"] == 1 and r.json()["done_reason"] == "length", text[:300]
+
+
+def test_vertex_generate_still_answers(server):
+    """The /generate rules on /vertex_generate's instances and parameters leave a good request alone: its
+    predictions equal /generate's answers to the same prompts."""
+    sp = {"max_new_tokens": 2, "temperature": 0}
+    body = {"instances": [{"text": "Hello"}, {"text": "The"}], "parameters": {"sampling_params": sp}}
+    status, text, r = post(server, "/vertex_generate", body)
+    assert status == 200, text[:300]
+    status, text, native = post(server, "/generate", {"text": ["Hello", "The"], "sampling_params": sp})
+    assert status == 200, text[:300]
+    assert [p["text"] for p in r.json()["predictions"]] == [a["text"] for a in native.json()]
+
+
+def test_tokenize_reports_server_context(server, model):
+    """`/v1/tokenize`'s max_model_len is the context the server accepts (as `/v1/models` says), not the
+    tokenizer's model_max_length."""
+    status, text, r = post(server, "/v1/tokenize", {"model": model, "prompt": "Hello world"})
+    assert status == 200, text[:300]
+    served = requests.get(server.url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    assert r.json()["max_model_len"] == served and r.json()["count"] == len(r.json()["tokens"]) > 0
 
 
 MIX_GOOD = [

@@ -26,6 +26,7 @@ from sglang_dsv41.sglang.validation import (
     tokenized_error,
     tokenizer_facts,
     validation_message,
+    vertex_body_error,
 )
 
 V = 1024
@@ -265,6 +266,18 @@ def test_raised_reading_body():
         raise KeyError("x")
     except KeyError as e:
         assert not hooks.raised_reading_body(e)
+
+
+def test_vertex_body_gets_the_generate_rules():
+    """`/vertex_generate` builds a /generate request of its instances' inputs and its parameters."""
+    ok = {"instances": [{"text": "hi"}, {"text": "yo"}], "parameters": {"sampling_params": {"max_new_tokens": 3}}}
+    assert vertex_body_error(ok, LIMITS) is None
+    bad = {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}}
+    assert vertex_body_error(bad, LIMITS).startswith("parameters.sampling_params.max_new_tokens")
+    ids = {"instances": [{"input_ids": [1, 2]}, {"input_ids": [V]}], "parameters": {}}
+    assert vertex_body_error(ids, LIMITS).startswith("instances[*].input_ids[1]")
+    for odd in ({"instances": "x"}, {"instances": []}, {"instances": [1]}, {"instances": [{"text": "a"}], "parameters": 3}):
+        assert vertex_body_error(odd, LIMITS) is None  # left to SGLang's own checks
 
 
 def test_raised_building_vertex_request():

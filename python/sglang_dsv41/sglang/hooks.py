@@ -33,6 +33,7 @@ from sglang_dsv41.sglang.validation import (
     tokenized_error,
     tokenizer_facts,
     validation_message,
+    vertex_body_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,11 +90,18 @@ HOOKS = (
     Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing._stream_generate_response",
          "AROUND hook: SGLang's `/api/generate` stream dropped the text of its final chunk (a streamed answer lost "
          "its last token); ours sends every delta and a `done_reason` of `length` or `stop`."),
+    Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing._generate_generate_response",
+         "AROUND hook: a plain `/api/generate` answer says why it ended (`length` or `stop`; SGLang always said "
+         "`stop`)."),
+    Hook("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingTokenize._handle_non_streaming_request",
+         "AROUND hook: `/v1/tokenize` reports the server's context length as `max_model_len` (SGLang: the "
+         "tokenizer's model_max_length)."),
     Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.get_show",
          "AROUND hook: `/api/show` of a model this server does not serve is a 404 (SGLang described any name)."),
     Hook("sglang.srt.entrypoints.api_contract.generate_contract_error",
          "AFTER hook: `/generate` answers a non-None result with a 400 before streaming starts; we add the "
-         "native endpoint's rules (ids, max_new_tokens >= 1, n, top_logprobs_num, text budget)."),
+         "native endpoint's rules (ids, max_new_tokens >= 1, n, top_logprobs_num, text budget); `/vertex_generate` "
+         "calls it with its own body, whose instances and parameters get the same rules."),
     Hook("sglang.srt.entrypoints.http_server.get_global_state",
          "read: the tokenizer manager (vocabulary, context) for the `/generate` rules."),
     Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
@@ -243,7 +251,10 @@ def check_generate_body(result, body, *args, **kwargs):
     state = resolve(target)()
     if state is None or state.tokenizer_manager is None:
         return None
-    return generate_body_error(body, request_limits(state.tokenizer_manager))
+    limits = request_limits(state.tokenizer_manager)
+    if isinstance(body, dict) and "instances" in body and not ({"text", "input_ids"} & body.keys()):
+        return vertex_body_error(body, limits)  # `/vertex_generate` checks its own body through this function
+    return generate_body_error(body, limits)
 
 
 def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
@@ -377,6 +388,8 @@ def _install_request_validation() -> None:
         _register(suffix, other_endpoints.ollama_request, "AROUND")
     _register(".get_show", other_endpoints.ollama_show, "AROUND")
     _register("._stream_generate_response", other_endpoints.ollama_generate_stream, "AROUND")
+    _register("._generate_generate_response", other_endpoints.ollama_generate_once, "AROUND")
+    _register("OpenAIServingTokenize._handle_non_streaming_request", other_endpoints.tokenize_context, "AROUND")
     _register(".generate_contract_error", check_generate_body, "AFTER")
     _register("._validate_one_request", check_tokenized, "AFTER")
     _register("._tokenize_texts", tokenize_texts, "AROUND")

@@ -7,7 +7,10 @@ body; `/api/chat` needs the tokenizer's chat template, which DeepSeek-V4.1 does 
 SGLang does not implement (`format`, `context`, `suffix`, `template`, `images`) were dropped silently.
 
 An Ollama `/api/generate` stream dropped the text of its last chunk (SGLang's final `done` line carries an
-empty `response`), so a streamed answer lost its last token(s); our stream sends every delta.
+empty `response`), so a streamed answer lost its last token(s); our stream sends every delta. Streamed or
+not, `done_reason` says whether `num_predict` ended the answer (`length`; SGLang always said `stop`).
+
+Tokenize: `/v1/tokenize` reported the tokenizer's `model_max_length` as `max_model_len`; now the server's context.
 
 Score: a text query with token-id items was joined as text (`"Is it" + "[5, 6]"`): a silent wrong score.
 """
@@ -144,6 +147,40 @@ def ollama_show(original, serving, model, *args, **kwargs):
     return original(serving, model, *args, **kwargs)
 
 
+def _done_reason(finish: Any) -> str | None:
+    """Ollama's `done_reason` of SGLang's finish_reason: None while running, `length` at the token limit."""
+    if finish is None:
+        return None
+    return "length" if isinstance(finish, dict) and finish.get("type") == "length" else "stop"
+
+
+async def ollama_generate_once(original, serving, gen_request, raw_request, model_name, *args, **kwargs):
+    """AROUND hook on `async OllamaServing._generate_generate_response(self, gen_request, raw_request,
+    model_name)`: the same answer, with `done_reason` saying why it ended (SGLang always said `stop`, also
+    when `num_predict` cut it)."""
+    import time
+
+    from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateResponse
+
+    start = time.time_ns()
+    out = await serving.tokenizer_manager.generate_request(gen_request, raw_request).__anext__()
+    meta = out.get("meta_info") or {}
+    return OllamaGenerateResponse(model=model_name, created_at=serving._get_timestamp(), response=out.get("text", ""),
+                                  done=True, done_reason=_done_reason(meta.get("finish_reason")),
+                                  total_duration=time.time_ns() - start, prompt_eval_count=meta.get("prompt_tokens"),
+                                  eval_count=meta.get("completion_tokens"))
+
+
+async def tokenize_context(original, serving, adapted_request, *args, **kwargs):
+    """AROUND hook on `async OpenAIServingTokenize._handle_non_streaming_request(self, adapted_request,
+    request, raw_request)`: `max_model_len` is the server's context length (SGLang reported the tokenizer's
+    `model_max_length`, 1048576 here, so a client sizing its prompts by it was told too much fits)."""
+    result = await original(serving, adapted_request, *args, **kwargs)
+    if hasattr(result, "max_model_len"):
+        result.max_model_len = int(serving.tokenizer_manager.model_config.context_len)
+    return result
+
+
 async def ollama_generate_stream(original, serving, gen_request, raw_request, model_name, *args, **kwargs):
     """AROUND hook on `async OllamaServing._stream_generate_response(self, gen_request, raw_request, model_name)`:
     the same NDJSON stream, except that the final line carries its text delta and `done_reason` says why the
@@ -157,9 +194,9 @@ async def ollama_generate_stream(original, serving, gen_request, raw_request, mo
         async for chunk in serving.tokenizer_manager.generate_request(gen_request, raw_request):
             text = chunk.get("text", "")
             finish = (chunk.get("meta_info") or {}).get("finish_reason")
-            reason = None if finish is None else "length" if (finish or {}).get("type") == "length" else "stop"
             line = OllamaGenerateStreamResponse(model=model_name, created_at=serving._get_timestamp(),
-                                                response=text[len(sent):], done=finish is not None, done_reason=reason)
+                                                response=text[len(sent):], done=finish is not None,
+                                                done_reason=_done_reason(finish))
             sent = text
             yield orjson.dumps(line.model_dump()) + b"\n"
 

@@ -315,6 +315,23 @@ def _batch_size(body: dict) -> int | None:
     return None
 
 
+def vertex_body_error(body: dict, limits: Limits) -> str | None:
+    """`/vertex_generate`'s body {"instances": [{"text" | "input_ids": ...}, ...], "parameters": {...}}: SGLang
+    builds a `/generate` request of the instances' inputs and the parameters, and checks it with the
+    `/generate` contract applied to the vertex body itself, so the native rules never saw its fields (a
+    `max_new_tokens` of 0 answered an empty 200). Here they do, on the request SGLang will build."""
+    instances, params = body.get("instances"), body.get("parameters") or {}
+    if not (isinstance(instances, list) and instances and all(isinstance(i, dict) for i in instances)
+            and isinstance(params, dict)):
+        return None  # SGLang's own checks answer (the error handler turns its TypeErrors into 400s)
+    key = next((k for k in ("text", "input_ids") if instances[0].get(k)), None)
+    native = dict(params, **({key: [i.get(key) for i in instances]} if key else {}))
+    err = generate_body_error(native, limits)
+    if err is None:
+        return None
+    return f"instances[*].{err}" if err.startswith(("text", "input_ids")) else f"parameters.{err}"
+
+
 def generate_body_error(body: Any, limits: Limits) -> str | None:
     """The native `/generate` JSON body (single or batched). `max_new_tokens` must be >= 1 here, as
     `max_tokens` is on the OpenAI endpoints (SGLang's internal prefill-only requests are unaffected)."""
