@@ -15,7 +15,7 @@ batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, 
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
 bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows, mHC
-stream collapse / expand at T = 8 / 8192);
+stream collapse / expand and the MoE combine at T = 8 / 8192);
 `--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py;
 `--only decode_moe` / `decode_dense`: its MoE / dense half only; `decode_fp32`: the fp32_linear configs).
 
@@ -593,7 +593,8 @@ def case_decode_fp32():
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), mHC stream collapse / expand (one
-    launch vs the twins' [T, H] fp32 temporaries), the batch-invariant fp32 GEMM `fp32_linear` at the lm
+    launch vs the twins' [T, H] fp32 temporaries), the MoE combine (one launch vs ~16 elementwise ones),
+    the batch-invariant fp32 GEMM `fp32_linear` at the lm
     head / router / mHC mix shapes (one kernel, no fp32 weight copy, vs the twin's 64-row sgemms), RoPE
     rows (device table gather vs the CPU build + copy per call)."""
     from dsv41_kernels.fp32_gemm_triton import pick_config
@@ -620,6 +621,13 @@ def case_layers():
               t * n * h * 2 + t * h * 2 + t * (n + n * n) * 4 + t * n * h * 2, 2 * t * n * h * (n + 1), twin_rep=10,
               note=f"bitwise equal to the twin: {same}")
         del r, y
+    for t in (8, 8192):  # MoE combine: 6 routed slots + the shared expert, H = 5120
+        rs = torch.randn(t, 6, HID, device=DEV).bfloat16()
+        sh = torch.randn(t, HID, device=DEV).bfloat16()
+        same = torch.equal(ops.moe_combine.triton(rs, sh).view(torch.int16), ops.moe_combine.torch(rs, sh).view(torch.int16))
+        timed("moe_combine", f"t={t} k=6 H={HID}", ops.moe_combine, (rs, sh), t * 8 * HID * 2, 7 * t * HID, twin_rep=10,
+              note=f"bitwise equal to the twin: {same}")
+        del rs, sh
     # fp32_linear: lm head (bench vocab 1024, released 129280), router (16 experts), mHC mix (fp32 fn,
     # 4 flattened bf16 streams); bytes = x + w as stored + the fp32 output (split workspace not counted)
     for what, m, n, k, wdt in (("head", 8, 1024, HID, torch.bfloat16), ("head", 8, 129280, HID, torch.bfloat16),

@@ -9,6 +9,13 @@ j-th smallest expert id's output (the fp32 summation order of the layer), per pa
     g, u = fp4_linear(x_t, w1_e), fp4_linear(x_t, w3_e)          bf16 (MXFP8 activations per row)
     h    = bf16(weight * (silu(min(g, L)) * clamp(u, -L, L)))     fp32 math, one cast
     y    = fp4_linear(h, w2_e)                                     bf16
+    moe_combine(routed, shared) -> [T, H]    (dtype of shared)
+
+routed [T, k, H] bf16 (moe_experts' output, the layer's slot order), shared [T, H] bf16 (the shared
+expert): acc = +0; acc = acc + fp32(routed[:, j]) for j = 0 .. k-1; then acc + fp32(shared); one cast.
+One kernel launch instead of the twin's ~2k + 4 elementwise launches (a zero fill, a widening copy and
+an add per slot, the shared expert's, the cast) per layer.
+
 The twin here runs that per expert with this package's GEMM twins (exact block partials, so a row's
 bits do not depend on which rows share its expert); the Triton kernels (moe_triton.py) sort the pairs
 by expert once and run one grouped launch for w1 + w3 (SwiGLU, routing weight and the MXFP8 quant of
@@ -51,4 +58,13 @@ def moe_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> torch.
     return out
 
 
-attach_kernels("dsv41_kernels.moe_triton", "moe_experts")
+@register("moe_combine")
+def moe_combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """routed [T, k, H], shared [T, H] -> [T, H] in shared's dtype (module docstring)."""
+    acc = shared.new_zeros(shared.shape, dtype=torch.float32)
+    for part in routed.unbind(1):
+        acc = acc + part.float()
+    return (acc + shared.float()).to(shared.dtype)
+
+
+attach_kernels("dsv41_kernels.moe_triton", "moe_experts", "moe_combine")

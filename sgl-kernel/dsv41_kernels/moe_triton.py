@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, e2m1_block_e4m3, mxfp8_quant_t
-from dsv41_kernels.moe import moe_experts
+from dsv41_kernels.moe import moe_combine, moe_experts
 from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 
 
@@ -245,4 +245,41 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     return out
 
 
-__all__ = ["DECODE_ROWS", "moe_experts_triton", "pick_config", "routing_tiles"]
+@triton.jit
+def _combine_kernel(r_ptr, r_st, r_sk, s_ptr, s_st, out_ptr, H, K, BLOCK: tl.constexpr):
+    """Row t, columns [BLOCK]: out = cast(((+0 + r[t, 0]) + r[t, 1]) + ... + r[t, K-1] + s[t]) in fp32.
+    r [T, K, H] (strides r_st, r_sk, unit column stride), s [T, H] (row stride s_st), out [T, H] contiguous."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = h < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(K):
+        acc = acc + tl.load(r_ptr + t * r_st + j * r_sk + h, mask=ok, other=0.0).to(tl.float32)
+    acc = acc + tl.load(s_ptr + t * s_st + h, mask=ok, other=0.0).to(tl.float32)
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        tl.store(out_ptr + t * H + h, bf16_round(acc).to(tl.bfloat16), mask=ok)  # RNE, as torch's cast
+    else:
+        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@moe_combine.triton_impl
+def moe_combine_triton(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """Same contract as the twin: one launch, grid (T, H / 1024). Calls that need autograd, and dtypes other
+    than bf16 / fp16 / fp32, run the twin."""
+    grad = torch.is_grad_enabled() and (routed.requires_grad or shared.requires_grad)
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    if grad or routed.dim() != 3 or routed.dtype not in floats or shared.dtype not in floats:
+        return moe_combine.torch(routed, shared)
+    t, k, h = routed.shape
+    assert shared.shape == (t, h), (routed.shape, shared.shape)
+    routed = routed if routed.stride(-1) == 1 else routed.contiguous()
+    shared = shared if shared.stride(-1) == 1 else shared.contiguous()
+    out = torch.empty(t, h, dtype=shared.dtype, device=shared.device)
+    if t and h:
+        block = min(1024, triton.next_power_of_2(h))
+        _combine_kernel[(t, triton.cdiv(h, block))](routed, routed.stride(0), routed.stride(1), shared,
+                                                    shared.stride(0), out, h, k, BLOCK=block, num_warps=4)
+    return out
+
+
+__all__ = ["DECODE_ROWS", "moe_combine_triton", "moe_experts_triton", "pick_config", "routing_tiles"]

@@ -45,3 +45,31 @@ def assert_moe_close(got: torch.Tensor, want: torch.Tensor, what: str = "moe_exp
         assert err[worst] <= 2.0**-3, f"{what}: live row {worst} relative L2 error {err[worst]:.3e}"
         assert (1 - cos).max() <= 1e-2, f"{what}: 1 - cos {(1 - cos).max():.3e}"
         assert (g - w).norm() <= 2.0**-5 * w.norm(), f"{what}: relative Frobenius error {(g - w).norm() / w.norm():.3e}"
+
+
+def combine_cases(device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(routed bf16 [T, k, H], shared bf16 [T, H]) for `moe_combine`: magnitudes over 10^+-4 (adds that round),
+    signed zeros (all -0 gives +0: the sum starts from +0), inf / NaN, H not a multiple of the kernel's block,
+    a column slice of a wider tensor (row strides != H, as the EP layer passes), T = 0."""
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for t, k, h in ((3, 6, 640), (5, 2, 1500), (1, 1, 32)):
+        mag = torch.pow(10.0, torch.randint(-4, 5, (t, k, h), generator=g).float())
+        routed = (torch.randn(t, k, h, generator=g) * mag).bfloat16()
+        shared = (torch.randn(t, h, generator=g) * 100).bfloat16()
+        cases.append((routed, shared))
+    routed, shared = cases[0]
+    routed, shared = routed.clone(), shared.clone()
+    routed[0, :, :4], shared[0, :4] = -0.0, -0.0
+    routed[1, 2, 5], routed[1, 3, 6], shared[2, 7] = float("inf"), float("nan"), float("-inf")
+    cases.append((routed, shared))
+    wide_r, wide_s = torch.randn(4, 6, 900, generator=g).bfloat16(), torch.randn(4, 900, generator=g).bfloat16()
+    cases.append((wide_r[..., 100:740], wide_s[:, 100:740]))
+    cases.append((torch.zeros(0, 6, 64).bfloat16(), torch.zeros(0, 64).bfloat16()))
+    return [(r.to(device), s.to(device)) for r, s in cases]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal bf16 tensors, any NaN equal to any NaN (NaN payloads and signs are not part of the contract)."""
+    nan = a.isnan()
+    return a.dtype == b.dtype and torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))

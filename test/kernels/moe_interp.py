@@ -1,4 +1,4 @@
-"""Runs the grouped MoE and RMSNorm Triton kernels through Triton's CPU interpreter on small
+"""Runs the grouped MoE, its combine and RMSNorm Triton kernels through Triton's CPU interpreter on small
 cases against their twins, and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
 split-K; 1, 2 and 4 K blocks per iteration) against each other, bit for bit; prints 'PASS name' /
 'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
@@ -54,7 +54,14 @@ def main() -> int:
         w = torch.rand(640, generator=g).bfloat16()
         assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
 
-    return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm)))
+    def combine():
+        from moe_cases import combine_cases, same_bits
+
+        for routed, shared in combine_cases():
+            assert same_bits(ops.moe_combine.triton(routed, shared), ops.moe_combine.torch(routed, shared))
+
+    return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm),
+                       ("moe_combine", combine)))
 
 
 if __name__ == "__main__":

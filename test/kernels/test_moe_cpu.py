@@ -45,6 +45,16 @@ def test_grouped_equals_per_expert(t, k, e):
     assert torch.equal(_bits(y), _bits(_per_expert(*args, 10.0)))
 
 
+def test_combine_twin_equals_layer_function():
+    """The `moe_combine` op's twin is the layer's fixed fp32 order (layers/moe.py `combine`) bit for bit."""
+    from dsv41_kernels import ops
+    from moe_cases import combine_cases, same_bits
+    from sglang_dsv41.layers.moe import combine
+
+    for routed, shared in combine_cases():
+        assert same_bits(ops.moe_combine.torch(routed, shared), combine(routed, shared))
+
+
 def test_moe_layer_uses_views_of_stacked_weights(tiny_model):
     moe = tiny_model.layers[0].ffn
     st = moe.expert_weights()
@@ -93,4 +103,4 @@ def test_layer_transformations_keep_bits(tiny_model):
 @pytest.mark.interp
 def test_kernels_under_interpreter():
     pytest.importorskip("triton")
-    run_script(Path(__file__).with_name("moe_interp.py"), 3, timeout=300)  # moe_experts, gemm_configs, rms_norm
+    run_script(Path(__file__).with_name("moe_interp.py"), 4, timeout=300)  # moe_experts, gemm_configs, rms_norm, moe_combine

@@ -1,6 +1,7 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
-independence, CUDA-graph capture (no host sync); the RMSNorm kernel bitwise against its twin.
+independence, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm kernel bitwise against
+their twins.
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def test_moe_matches_twin(t, k, e, hid, inter):
     assert got.shape == want.shape == (t, k, hid)
     if t:
         assert_moe_close(got, want)
+
+
+def test_combine_bitwise_twin():
+    """`moe_combine` (one launch) == its twin bit for bit (NaN as NaN), also on column slices, and at a decode
+    step's and a prefill chunk's shapes."""
+    from moe_cases import combine_cases, same_bits
+
+    ops = _ops()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    big = [(torch.randn(t, 6, 5120, device="cuda", generator=g).bfloat16(), torch.randn(t, 5120, device="cuda", generator=g).bfloat16())
+           for t in (8, 8192)]
+    for routed, shared in combine_cases("cuda") + big:
+        assert same_bits(ops.moe_combine.triton(routed, shared), ops.moe_combine.torch(routed, shared)), tuple(routed.shape)
 
 
 def test_moe_no_limit_and_large_values():

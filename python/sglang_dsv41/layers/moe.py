@@ -113,8 +113,9 @@ def combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
 
 
 class MoE(nn.Module):
-    kernel_slots = {"routed": "moe_experts"}
+    kernel_slots = {"routed": "moe_experts", "combine": "moe_combine"}
     routed = staticmethod(routed_experts)
+    combine = staticmethod(combine)  # (routed [T, k, H], shared [T, H]) -> [T, H], the fixed fp32 order
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -146,4 +147,4 @@ class MoE(nn.Module):
         weights, ids = self.gate(x, forced)
         w1, s1, w3, s3, w2, s2 = self.expert_weights()
         routed = self.routed(x, ids, weights, w1, s1, w3, s3, w2, s2, self.shared_experts.limit)
-        return combine(routed, self.shared_experts(x)), ids.to(torch.int32)
+        return self.combine(routed, self.shared_experts(x)), ids.to(torch.int32)

@@ -13,7 +13,7 @@ C_r = [r*H/size, (r+1)*H/size) of the MoE output.
             computed every slot, keep C_r.
     shared  tp > 1: h = swiglu(w1, w3) over this rank's intermediate columns (each a full dot product),
             all-gathered -> [T, I]; w2 holds rows C_r -> [T, C_r]. tp = 1: the whole expert, keep C_r.
-    y       combine (layers/moe.py) on C_r, all-gathered -> [T, H].
+    y       the `combine` slot (layers/moe.py) on C_r, all-gathered -> [T, H].
 Every slot's bf16 value is the single-process value bit for bit (the grouped op's rows do not depend
 on grouping), so the layer is exact: ParallelMoE == MoE bit for bit, for any plan.
 """
@@ -25,7 +25,7 @@ from torch import nn
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear
-from sglang_dsv41.layers.moe import Expert, Gate, MoE, combine, swiglu
+from sglang_dsv41.layers.moe import Expert, Gate, MoE, swiglu
 from sglang_dsv41.parallel.collectives import Collectives
 from sglang_dsv41.parallel.mesh import ParallelPlan
 from sglang_dsv41.parallel.tp import GatherFP8Linear
@@ -78,7 +78,7 @@ class ParallelMoE(MoE):
         """x [T, H] bf16 (the same on every rank) -> (y bf16 [T, H] the same on every rank,
         routed expert ids int32 [T, k] (global ids, identical on every rank))."""
         weights, ids = self.gate(x, forced)
-        y = combine(self._slots(x, ids, weights), self._shared(x))
+        y = self.combine(self._slots(x, ids, weights), self._shared(x))
         return self.comm.gather_last(y), ids.to(torch.int32)
 
     def extra_repr(self) -> str:
