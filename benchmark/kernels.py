@@ -15,7 +15,7 @@ batches 1/16/64/256, prefill chunk 8K; dense FP8 linears wq_a, wkv, wq_b, wo_b, 
 M = 8 / 64 / 8192, MXFP4 expert w1 / w2 (width 2304) at M = 8 / 512 / 4096; the grouped MoE
 (`--only moe`: E = 16 / 256 experts, T = 8 / 64 / 8192 tokens, top-6) against the per-expert loop and
 bf16 GEMMs of equal FLOPs; the layer ops of the decode step (`--only layers`: RMSNorm, RoPE rows, mHC
-stream collapse / expand and the MoE combine at T = 8 / 8192);
+stream collapse / expand, the MoE combine and RoPE rows of q at T = 8 / 8192);
 `--only decode`: decode-size GEMM configs, new vs one-pass, bits compared (benchmark/decode_sweep.py;
 `--only decode_moe` / `decode_dense`: its MoE / dense half only; `decode_fp32`: the fp32_linear configs).
 
@@ -593,10 +593,10 @@ def case_decode_fp32():
 def case_layers():
     """The per-call costs of the layers that the kernel slots and transformations remove: RMSNorm (one
     Triton launch vs the twin's torch formulation of the fixed order), mHC stream collapse / expand (one
-    launch vs the twins' [T, H] fp32 temporaries), the MoE combine (one launch vs ~16 elementwise ones),
-    the batch-invariant fp32 GEMM `fp32_linear` at the lm
-    head / router / mHC mix shapes (one kernel, no fp32 weight copy, vs the twin's 64-row sgemms), RoPE
-    rows (device table gather vs the CPU build + copy per call)."""
+    launch vs the twins' [T, H] fp32 temporaries), RoPE of whole q / output rows (one launch vs ~8 and a
+    concatenation), the MoE combine (one launch vs ~16 elementwise ones), the batch-invariant fp32 GEMM
+    `fp32_linear` at the lm head / router / mHC mix shapes (one kernel, no fp32 weight copy, vs the twin's
+    64-row sgemms), RoPE position rows (device table gather vs the CPU build + copy per call)."""
     from dsv41_kernels.fp32_gemm_triton import pick_config
     from sglang_dsv41.layers.rope import Rotary
 
@@ -621,6 +621,14 @@ def case_layers():
               t * n * h * 2 + t * h * 2 + t * (n + n * n) * 4 + t * n * h * 2, 2 * t * n * h * (n + 1), twin_rep=10,
               note=f"bitwise equal to the twin: {same}")
         del r, y
+    for t in (8, 8192):  # RoPE of q / the attention output: 64 heads x 512, the last 64 rotated
+        q = torch.randn(t, H, D, device=DEV).bfloat16()
+        cs, sn = rope(t)
+        same = torch.equal(ops.rope_rotate.triton(q, cs, sn, True).view(torch.int16),
+                           ops.rope_rotate.torch(q, cs, sn, True).view(torch.int16))
+        timed("rope_rotate", f"t={t} h={H} d={D}", ops.rope_rotate, (q, cs, sn, True), 2 * t * H * D * 2 + t * 64 * 4,
+              6 * t * H * 32, twin_rep=10, note=f"bitwise equal to the twin: {same}")
+        del q
     for t in (8, 8192):  # MoE combine: 6 routed slots + the shared expert, H = 5120
         rs = torch.randn(t, 6, HID, device=DEV).bfloat16()
         sh = torch.randn(t, HID, device=DEV).bfloat16()

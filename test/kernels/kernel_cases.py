@@ -15,7 +15,8 @@ from sglang_dsv41.quant import index_fp4_pack, index_fp4_stage1, kv_fp4_pack, wi
 KIND = {"window_kv_store": "bitwise", "compressed_kv_store": "bitwise", "index_key_store": "bitwise",
         "index_query_quant": "bitwise", "index_scores": "bitwise", "topk_select": "bitwise",
         "candidate_blocks": "bitwise", "sparse_attention_paged": "bf16", "engram_gather": "bitwise",
-        "engram_gate": "bf16", "engram_hash": "bitwise", "fp8_linear": "fp8_gemm", "fp4_linear": "fp8_gemm"}
+        "engram_gate": "bf16", "engram_hash": "bitwise", "fp8_linear": "fp8_gemm", "fp4_linear": "fp8_gemm",
+        "rope_rotate": "bitwise"}
 
 # (op, params): correctness grid + corner cases; GPU tests use all, the interpreter the small ones.
 GRID = [
@@ -47,6 +48,11 @@ GRID = [
     ("engram_gather", dict(shape=(300, 24), host=True)),
     ("engram_gate", dict(t=1, ns=4, hid=5120)), ("engram_gate", dict(t=9, ns=4, hid=300, mask=True)),
     ("engram_hash", dict(t=1, n=4, heads=8)), ("engram_hash", dict(t=333, n=4, heads=8)), ("engram_hash", dict(t=50, n=3, heads=3)),
+    # RoPE of q (64 heads x 512, last 64 rotated) and of the attention output (inverse); 2-D rows; fp32 rows;
+    # a row that is all rope (d = 2r)
+    ("rope_rotate", dict(t=1, h=64, d=512, r=32)), ("rope_rotate", dict(t=37, h=64, d=512, r=32, inverse=True, special=True)),
+    ("rope_rotate", dict(t=300, h=0, d=512, r=32, special=True)), ("rope_rotate", dict(t=9, h=3, d=96, r=16, fp32=True)),
+    ("rope_rotate", dict(t=5, h=2, d=64, r=32)), ("rope_rotate", dict(t=0, h=64, d=512, r=32)),
 ]
 
 # small cases for the CPU interpreter (TRITON_INTERPRET=1, ~15 s in all): one or two per op
@@ -65,6 +71,8 @@ INTERP_GRID = [
     ("compressed_kv_store", dict(n=7, d=80)), ("index_key_store", dict(n=13, d=128, special=True, ties=True)),
     ("index_key_store", dict(n=1, d=128)), ("index_key_store", dict(n=0, d=128)),
     ("index_query_quant", dict(t=5, h=3, d=128, special=True, ties=True)),
+    ("rope_rotate", dict(t=3, h=5, d=512, r=32, special=True)), ("rope_rotate", dict(t=7, h=2, d=96, r=16, inverse=True)),
+    ("rope_rotate", dict(t=8, h=0, d=64, r=32, special=True, fp32=True)), ("rope_rotate", dict(t=0, h=4, d=512, r=32)),
 ]
 
 
@@ -125,6 +133,12 @@ def build(op: str, p: dict, seed: int, device: str) -> dict:
         if op == "window_kv_store":
             args = [x, (torch.rand(d, generator=g) + 0.5).bfloat16(), 1e-6, cos, sin, slots, pool]
         return {"args": [a.to(device) if isinstance(a, torch.Tensor) else a for a in args], "pool": len(args) - 1}
+    if op == "rope_rotate":  # h = 0: 2-D rows [t, d]
+        t, h, d = p["t"], p["h"], p["d"]
+        x = _rows(t * max(h, 1), d, g, p.get("special", False)).view(*((t, h) if h else (t,)), d)
+        x = x.float() if p.get("fp32") else x
+        cos, sin = _rope(t, 2 * p["r"], g)
+        return {"args": [x.to(device), cos.to(device), sin.to(device), p.get("inverse", False)]}
     if op == "index_query_quant":
         q = _rows(p["t"] * p["h"], p["d"], g, p.get("special", False), p.get("ties", False)).view(p["t"], p["h"], p["d"])
         cos, sin = _rope(p["t"], 64, g)

@@ -23,11 +23,14 @@ from sglang_dsv41.layers.indexer import Indexer
 from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.layers.norm import RMSNorm
-from sglang_dsv41.layers.rope import Rotary
+from sglang_dsv41.layers.rope import Rotary, apply_rope
 from sglang_dsv41.quant import kv_fp4_qdq, window_kv_qdq
 
 
 class Attention(nn.Module):
+    kernel_slots = {"rope": "rope_rotate"}
+    rope = staticmethod(apply_rope)  # (x [T, (h,) d], cos, sin, inverse) -> x rotated (layers/rope.py)
+
     def __init__(self, cfg: ModelConfig, role: LayerRole):
         super().__init__()
         a, H, blk, eps = cfg.attention, cfg.hidden_size, cfg.weight_block_size, cfg.rms_norm_eps
@@ -85,7 +88,7 @@ class Attention(nn.Module):
         """x [T, H] bf16 -> (q [T, h, D] bf16 rotated, qr [T, q_lora] bf16 normed)."""
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        return self.rotary.apply(q, freqs), qr
+        return self.rope(q, *freqs), qr
 
     def window_kv(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> bf16 [T, D] window K(=V), already on the FP8 grid."""
@@ -93,15 +96,15 @@ class Attention(nn.Module):
 
     def window_keys(self, kv: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """kv [T, D] bf16 = wkv(x) -> bf16 [T, D] window K(=V) on the FP8 grid."""
-        return window_kv_qdq(self.rotary.apply(self.kv_norm(kv), freqs))
+        return window_kv_qdq(self.rope(self.kv_norm(kv), *freqs))
 
     def compressed_kv(self, latent: torch.Tensor, group_freqs: torch.Tensor) -> torch.Tensor:
         """latent [n, D] bf16 pre-RoPE -> bf16 [n, D] on the FP4 (E4M3/16) grid."""
-        return kv_fp4_qdq(self.rotary.apply(latent, group_freqs))
+        return kv_fp4_qdq(self.rope(latent, *group_freqs))
 
     def output(self, o: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """o [T, h, D] bf16 -> [T, H] bf16."""
-        o = self.rotary.apply(o, freqs, inverse=True)
+        o = self.rope(o, *freqs, inverse=True)
         wo_a = self.wo_a.dequantized().view(self.o_groups, self.o_lora_rank, -1)
         og = o.flatten(1).unflatten(-1, (self.o_groups, -1))
         if deterministic():  # batch-invariant: fixed 64-row products (sglang_dsv41/determinism.py)

@@ -1,13 +1,13 @@
 """Kernels as a transformation of a built model (layers never import kernels).
 
 A layer module that can delegate a piece of math declares `kernel_slots = {attribute: op name}`
-(FP8Linear / MXFP4Linear `gemm`, RMSNorm `norm`, MoE `routed` (grouped experts) / `combine` (slot sum
-plus shared expert), Block `mhc_gates` (the mHC gates after the mix GEMM) / `mhc_collapse` / `mhc_expand`
-(the stream sums; DeepseekV41's final `mhc_collapse` too), `fp32_gemm` (op `fp32_linear`, the batch-invariant fp32 GEMM: Block's mHC mix,
-Head (lm head, also VocabParallelHead), MoE Gate (router), BF16Linear.forward_fp32 (compressor)),
-Indexer `query_quant` / `select_topk` / `select_candidates`,
-EngramTable `gather`, Engram `gate`, EngramHasher `window_hash`); its class attribute is the pure
-torch default. `use_kernels(model, table)` sets each slot on the instance to the table's op;
+(FP8Linear / MXFP4Linear `gemm`, RMSNorm `norm`, Attention `rope` (op `rope_rotate`), MoE `routed`
+(grouped experts) / `combine` (slot sum plus shared expert), Block `mhc_gates` (the mHC gates after the
+mix GEMM) / `mhc_collapse` / `mhc_expand` (the stream sums; DeepseekV41's final `mhc_collapse` too),
+`fp32_gemm` (op `fp32_linear`, the batch-invariant fp32 GEMM: Block's mHC mix, Head (lm head, also
+VocabParallelHead), MoE Gate (router), BF16Linear.forward_fp32 (compressor)), Indexer `query_quant` /
+`select_topk` / `select_candidates`, EngramTable `gather`, Engram `gate`, EngramHasher `window_hash`);
+its class attribute is the pure torch default. `use_kernels(model, table)` sets each slot on the instance to the table's op;
 `use_torch(model)` removes them again. The paged KV takes the same table for its pool ops.
 
 `use_kernels` also applies the per-call waste removals that are transformations of a built model
