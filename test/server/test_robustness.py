@@ -175,6 +175,10 @@ CLASSES = [
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}},
      "parameters.sampling_params.max_new_tokens"),
     ("/vertex_generate", {"instances": [{"input_ids": [5, 10**9]}], "parameters": {}}, "instances[*].input_ids"),
+    # ... nor SGLang's own /generate contract (both were 500s)
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": "x"}}, "parameters / instances"),
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"temperature": "hot"}}},
+     "expected f64"),
 ]
 
 

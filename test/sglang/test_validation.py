@@ -26,7 +26,8 @@ from sglang_dsv41.sglang.validation import (
     tokenized_error,
     tokenizer_facts,
     validation_message,
-    vertex_body_error,
+    vertex_error,
+    vertex_request_body,
 )
 
 V = 1024
@@ -268,16 +269,20 @@ def test_raised_reading_body():
         assert not hooks.raised_reading_body(e)
 
 
-def test_vertex_body_gets_the_generate_rules():
-    """`/vertex_generate` builds a /generate request of its instances' inputs and its parameters."""
+def test_vertex_request_body_and_error_names():
+    """`/vertex_generate` builds a /generate request of its instances' inputs and its parameters; its
+    refusals are named by where the field sits in the vertex body."""
     ok = {"instances": [{"text": "hi"}, {"text": "yo"}], "parameters": {"sampling_params": {"max_new_tokens": 3}}}
-    assert vertex_body_error(ok, LIMITS) is None
-    bad = {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}}
-    assert vertex_body_error(bad, LIMITS).startswith("parameters.sampling_params.max_new_tokens")
-    ids = {"instances": [{"input_ids": [1, 2]}, {"input_ids": [V]}], "parameters": {}}
-    assert vertex_body_error(ids, LIMITS).startswith("instances[*].input_ids[1]")
+    assert vertex_request_body(ok) == {"text": ["hi", "yo"], "sampling_params": {"max_new_tokens": 3}}
+    assert generate_body_error(vertex_request_body(ok), LIMITS) is None
+    bad = vertex_request_body({"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}})
+    assert vertex_error(generate_body_error(bad, LIMITS)).startswith("parameters.sampling_params.max_new_tokens")
+    ids = vertex_request_body({"instances": [{"input_ids": [1, 2]}, {"input_ids": [V]}], "parameters": None})
+    assert ids == {"input_ids": [[1, 2], [V]]}
+    assert vertex_error(generate_body_error(ids, LIMITS)).startswith("instances[*].input_ids[1]")
+    assert vertex_error('invalid type: string "hot", expected f64').startswith("parameters / instances")
     for odd in ({"instances": "x"}, {"instances": []}, {"instances": [1]}, {"instances": [{"text": "a"}], "parameters": 3}):
-        assert vertex_body_error(odd, LIMITS) is None  # left to SGLang's own checks
+        assert vertex_request_body(odd) is None  # left to SGLang's own checks
 
 
 def test_raised_building_vertex_request():

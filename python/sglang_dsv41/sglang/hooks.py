@@ -33,7 +33,8 @@ from sglang_dsv41.sglang.validation import (
     tokenized_error,
     tokenizer_facts,
     validation_message,
-    vertex_body_error,
+    vertex_error,
+    vertex_request_body,
 )
 
 logger = logging.getLogger(__name__)
@@ -253,7 +254,13 @@ def check_generate_body(result, body, *args, **kwargs):
         return None
     limits = request_limits(state.tokenizer_manager)
     if isinstance(body, dict) and "instances" in body and not ({"text", "input_ids"} & body.keys()):
-        return vertex_body_error(body, limits)  # `/vertex_generate` checks its own body through this function
+        # `/vertex_generate` checks its own body through this function: check the request it builds
+        # instead, with SGLang's contract, then these rules
+        native = vertex_request_body(body)
+        if native is None:
+            return None
+        err = resolve(_targets(".generate_contract_error")[0])(native) or generate_body_error(native, limits)
+        return None if err is None else vertex_error(err)
     return generate_body_error(body, limits)
 
 

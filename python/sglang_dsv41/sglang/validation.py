@@ -315,21 +315,28 @@ def _batch_size(body: dict) -> int | None:
     return None
 
 
-def vertex_body_error(body: dict, limits: Limits) -> str | None:
-    """`/vertex_generate`'s body {"instances": [{"text" | "input_ids": ...}, ...], "parameters": {...}}: SGLang
-    builds a `/generate` request of the instances' inputs and the parameters, and checks it with the
-    `/generate` contract applied to the vertex body itself, so the native rules never saw its fields (a
-    `max_new_tokens` of 0 answered an empty 200). Here they do, on the request SGLang will build."""
+def vertex_request_body(body: dict) -> dict | None:
+    """`/vertex_generate`'s body {"instances": [{"text" | "input_ids": ...}, ...], "parameters": {...}} -> the
+    `/generate` body SGLang builds from it (the first instance's input kind from every instance, plus the
+    parameters), or None when the body is not of that shape (SGLang's own checks answer those). SGLang checks
+    the `/generate` contract on the vertex body itself, so neither its contract nor our rules saw these fields
+    (`max_new_tokens: 0` answered an empty 200, `sampling_params: "x"` was a 500); hooks.py checks this body."""
     instances, params = body.get("instances"), body.get("parameters") or {}
     if not (isinstance(instances, list) and instances and all(isinstance(i, dict) for i in instances)
             and isinstance(params, dict)):
-        return None  # SGLang's own checks answer (the error handler turns its TypeErrors into 400s)
-    key = next((k for k in ("text", "input_ids") if instances[0].get(k)), None)
-    native = dict(params, **({key: [i.get(key) for i in instances]} if key else {}))
-    err = generate_body_error(native, limits)
-    if err is None:
         return None
-    return f"instances[*].{err}" if err.startswith(("text", "input_ids")) else f"parameters.{err}"
+    key = next((k for k in ("text", "input_ids") if instances[0].get(k)), None)
+    return dict(params, **({key: [i.get(key) for i in instances]} if key else {}))
+
+
+def vertex_error(err: str) -> str:
+    """A `/generate` refusal of `vertex_request_body`, named by where the field sits in the vertex body."""
+    if err.startswith(("text", "input_ids")):
+        return f"instances[*].{err}"
+    head = err.split(": ", 1)[0]
+    if ": " in err and head and " " not in head:
+        return f"parameters.{err}"
+    return f"parameters / instances (the /generate request built from them): {err}"
 
 
 def generate_body_error(body: Any, limits: Limits) -> str | None:
