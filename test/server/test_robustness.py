@@ -175,6 +175,8 @@ CLASSES = [
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"max_new_tokens": 0}}},
      "parameters.sampling_params.max_new_tokens"),
     ("/vertex_generate", {"instances": [{"input_ids": [5, 10**9]}], "parameters": {}}, "instances[*].input_ids"),
+    # /v1/tokenize has no streaming answer: a truthy `stream` was a 501
+    ("/v1/tokenize", {"prompt": "hi", "stream": True}, "stream: this endpoint answers in one response"),
     # ... nor SGLang's own /generate contract (both were 500s)
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": "x"}}, "parameters / instances"),
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"temperature": "hot"}}},

@@ -229,7 +229,17 @@ def check_detokenize_request(result, serving, request, *args, **kwargs):
     if result or tokenizer is None:
         return result
     return (model_name_error(serving.tokenizer_manager, getattr(request, "model", None))
-            or detokenize_request_error(request.tokens, len(tokenizer)))
+            or unstreamed_error(serving, request) or detokenize_request_error(request.tokens, len(tokenizer)))
+
+
+def unstreamed_error(serving, request) -> str | None:
+    """`stream` set on an endpoint whose serving class has no streaming answer (SGLang: a 501)."""
+    from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
+
+    if getattr(request, "stream", False) and (type(serving)._handle_streaming_request
+                                              is OpenAIServingBase._handle_streaming_request):
+        return "stream: this endpoint answers in one response; send stream false or leave it out"
+    return None
 
 
 def check_other_openai_request(result, serving, request, *args, **kwargs):
@@ -238,7 +248,7 @@ def check_other_openai_request(result, serving, request, *args, **kwargs):
 
     if result:
         return result
-    error = model_name_error(serving.tokenizer_manager, getattr(request, "model", None))
+    error = model_name_error(serving.tokenizer_manager, getattr(request, "model", None)) or unstreamed_error(serving, request)
     if error or not hasattr(request, "label_token_ids"):
         return error
     return score_request_error(request)
