@@ -262,16 +262,16 @@ def check_generate_body(result, body, *args, **kwargs):
     state = resolve(target)()
     if state is None or state.tokenizer_manager is None:
         return None
-    limits = request_limits(state.tokenizer_manager)
     if isinstance(body, dict) and "instances" in body and not ({"text", "input_ids"} & body.keys()):
         # `/vertex_generate` checks its own body through this function: check the request it builds
-        # instead, with SGLang's contract, then these rules
+        # instead, through the hooked function (SGLang's contract, then this hook's rules on that body).
+        # A parameter named `instances` is SGLang's to refuse (an unknown key), and never recurses here.
         native = vertex_request_body(body)
-        if native is None:
+        if native is None or "instances" in native:
             return None
-        err = resolve(_targets(".generate_contract_error")[0])(native) or generate_body_error(native, limits)
+        err = resolve(_targets(".generate_contract_error")[0])(native)
         return None if err is None else vertex_error(err)
-    return generate_body_error(body, limits)
+    return generate_body_error(body, request_limits(state.tokenizer_manager))
 
 
 def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
