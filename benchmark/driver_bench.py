@@ -105,7 +105,9 @@ def event_ms(fn, reps: int) -> float:
 
 
 def top_ops(prof, n: int = 12) -> tuple[float, list[tuple[str, int, float]]]:
-    evs = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    """(device ms in all, the n largest (kernel, launches, ms)). Only kernels: a host op (`aten::mm`) is
+    charged its kernels' device time too, so counting it beside them counted that time twice."""
+    evs = [e for e in prof.key_averages() if e.self_device_time_total > 0 and not e.key.startswith("aten::")]
     total = sum(e.self_device_time_total for e in evs) / 1e3
     evs.sort(key=lambda e: -e.self_device_time_total)
     return total, [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in evs[:n]]

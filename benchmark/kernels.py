@@ -113,13 +113,17 @@ def target(row, name, shape, t, value, unit, baseline, ceiling, fraction, goal, 
           f"{'met' if met else 'missed'}", flush=True)
 
 
-def timed(name, shape, op, args, nbytes, flops, twin=True, note="", twin_rep=20, sets=None, **kw):
-    """`args` is one argument tuple, or (with `sets`) a list of tuples rotated inside the graph."""
+def timed(name, shape, op, args, nbytes, flops, twin=True, note="", twin_rep=20, sets=None, eager=False, **kw):
+    """`args` is one argument tuple, or (with `sets`) a list of tuples rotated inside the graph. eager: time
+    host launches instead of a graph (prefill paths that a graph capture would not take)."""
     arg_sets = sets or [args]
     try:
+        if eager:
+            raise RuntimeError("eager timing asked for")
         t = bench_graph([lambda a=a: op.triton(*a, **kw) for a in arg_sets])
     except Exception as e:  # noqa: BLE001 - e.g. not capturable: time with host launches
-        print(f"  ({name}: graph capture failed, {type(e).__name__}; timing eager)", flush=True)
+        if not eager:
+            print(f"  ({name}: graph capture failed, {type(e).__name__}; timing eager)", flush=True)
         t = bench(lambda: op.triton(*args, **kw))
     tt = bench(lambda: op.torch(*args), rep=twin_rep) if twin else None
     record(name, shape, t, nbytes, flops, tt, note)
@@ -440,6 +444,8 @@ def case_gemm(targets_only: bool = False):
     fp8_shapes = {"wq_a": (1280, HID), "wkv": (D, HID), "wq_b": (H * D, 1280), "wo_b": (HID, 8 * 1024),
                   "shared w1": (2304, HID), "shared w2": (HID, 2304)}
     fp4_shapes = {"expert w1": (2304, HID), "expert w2": (HID, 2304)}
+    from dsv41_kernels.gemm_triton import PREFILL_ROWS
+    from dsv41_kernels.gemm_triton import pick_config as gemm_config
     cases = [("fp8", name, nk, m) for name, nk in fp8_shapes.items() for m in (8, 64, 8192)]
     cases += [("fp4", name, nk, m) for name, nk in fp4_shapes.items() for m in (8, 512, 4096)]
     if targets_only:
@@ -460,11 +466,18 @@ def case_gemm(targets_only: bool = False):
         tb = bench_graph([lambda a=a, b=b: torch.nn.functional.linear(a, b) for a, b in zip(xb, wb)])
         del xb, wb
         note = f"bf16 F.linear {tb * 1e6:.1f} us ({flops / tb / 1e12:.0f} TF/s)"
+        prefill = m >= PREFILL_ROWS  # the bf16 prefill path (eager: a graph capture runs the fp8 kernel)
         t = timed(f"{kind}_linear", shape, op, sets[0], nbytes, flops, twin=m <= 64 and not targets_only, sets=sets,
-                  note=note)
-        ROWS[-1]["note"] = f"{note}; ours at {tb / t:.2f}x its speed"
+                  note=note, eager=prefill)
+        ROWS[-1]["note"] = f"{note}; ours at {tb / t:.2f}x its speed" + ("; bf16 prefill path, eager" if prefill else "")
+        if prefill:
+            cfg = gemm_config(m, n, k, torch.device(DEV), kind == "fp4")
+            tk = bench_graph([lambda a=a: op.triton(*a, config=cfg) for a in sets])
+            record("  fp8 tensor-core kernel (deterministic mode)", shape, tk, nbytes, flops,
+                   note=f"config {cfg}; {tb / tk:.2f}x bf16 F.linear")
+            note = f"{note}; fp8 kernel (deterministic mode) {tk * 1e6:.1f} us"
         if targets_only and m > 512:
-            target("fp8_gemm_m8192", "fp8_linear", shape, t, tb / t, "x bf16", f"bf16 F.linear {tb * 1e6:.1f} us",
+            target("fp8_gemm_m8192", "fp8_linear", shape, t, tb / t, "x bf16", note,
                    f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s", flops / t / PEAK_FLOPS, ">= 1.0x bf16", tb / t >= 1.0)
         elif targets_only:
             floor = nbytes / PEAK_BW
@@ -497,7 +510,9 @@ def case_moe(targets_only: bool = False):
     (release), against (a) the per-expert loop it replaces (unique().tolist(), then per expert a row
     gather, 3 fp4_linear launches and the SwiGLU; host time included, since it synchronises) and (b) a
     bf16 dense GEMM pair of equal FLOPs ([R, 5120] x [5120, 4608], then [R, 2304] x [2304, 5120], R = 6T)."""
+    from dsv41_kernels.moe_prefill import bf16_prefill
     from dsv41_kernels.moe_triton import moe_experts_triton
+    from dsv41_kernels.moe_triton import pick_config as moe_config
 
     inter, k6 = 2304, 6
     for n_exp in (16, 256):
@@ -515,8 +530,14 @@ def case_moe(targets_only: bool = False):
             nbytes = active * per_expert + t * HID * 2 + r * (inter * 2 + HID * 2)
             args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
             want = ops.moe_experts.torch(*args) if t <= 64 else None
-            tg = bench_graph([lambda: moe_experts_triton(*args)])
-            note = f"{active} experts active"
+            prefill = bf16_prefill(r, n_exp, x.device)  # the bf16 prefill path: eager (a capture runs the fp8 kernel)
+            tg = bench(lambda: moe_experts_triton(*args), rep=300) if prefill else bench_graph([lambda: moe_experts_triton(*args)])
+            note = f"{active} experts active" + ("; bf16 prefill path, eager" if prefill else "")
+            tk = None
+            if prefill:
+                tk = bench_graph([lambda: moe_experts_triton(*args, config=moe_config(r))])
+                record("  grouped fp8 kernel (deterministic mode)", f"E={n_exp} T={t} top-6", tk, nbytes, flops,
+                       note=f"config {moe_config(r)}")
             if want is not None:
                 got = moe_experts_triton(*args).double()
                 err = ((got - want.double()).norm(dim=-1) / want.double().norm(dim=-1).clamp_min(1e-30)).max().item()
@@ -543,17 +564,19 @@ def case_moe(targets_only: bool = False):
                    note=f"{note}; per-expert loop {tl_ * 1e6:.0f} us ({tl_ / tg:.1f}x slower); bf16 dense GEMMs of equal "
                         f"FLOPs {tb * 1e6:.1f} us: ours at {tb / tg:.2f}x their speed; HBM floor {nbytes / PEAK_BW * 1e6:.1f} us")
             if targets_only:
+                base = f"bf16 GEMM pair of equal FLOPs {tb * 1e6:.1f} us" + (
+                    f"; grouped fp8 kernel (deterministic mode) {tk * 1e6:.1f} us = {tb / tk:.3f}x" if tk else "")
                 target("moe_grouped", "moe_experts", f"E={n_exp} T={t} top-6", tg, tb / tg, "x bf16",
-                       f"bf16 GEMM pair of equal FLOPs {tb * 1e6:.1f} us", f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s",
+                       base, f"bf16 MMA {PEAK_FLOPS / 1e12:.0f} TFLOP/s",
                        flops / tg / PEAK_FLOPS, ">= 0.6x bf16", tb / tg >= 0.6)
             if t in (8, 8192) and n_exp == 16 and not targets_only:
-                ref = moe_experts_triton(*args).view(torch.int16)
+                ref = moe_experts_triton(*args, config=moe_config(r)).view(torch.int16)
                 for cfg in MOE_VARIANTS:
                     try:
                         tv = bench_graph([lambda c=cfg: moe_experts_triton(*args, config=c)])
                         same = torch.equal(moe_experts_triton(*args, config=cfg).view(torch.int16), ref)
                         record("  moe variant", f"T={t} BM,BN1,BN2,warps,stages={cfg}", tv, nbytes, flops,
-                               note=f"bitwise equal to the default: {same}")
+                               note=f"bitwise equal to pick_config's: {same}")
                     except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                         print("  moe variant", cfg, "failed:", type(e).__name__, str(e)[:200])
             del xb, hb, wb1, wb2

@@ -111,10 +111,10 @@ def parse_driver(text: str) -> dict:
 
 def category(op: str) -> str:
     """Groups a profile row: torch's many small kernels into one bucket, library GEMMs into another."""
-    if "at::native" in op or op.startswith("aten::"):
+    if "at::native" in op:
         return "small torch elementwise / reduction kernels"
-    if "cutlass" in op or "gemm" in op.lower() and "_kernel" not in op:
-        return "cuBLAS / cutlass GEMMs (fp32 head, router)"
+    if "cutlass" in op or "nvjet" in op or "gemm" in op.lower() and "_kernel" not in op:
+        return "cuBLAS / CUTLASS GEMMs (bf16: prefill FP8 / MoE on bf16 operands, bf16 layers)"
     return f"`{op}`"
 
 
@@ -123,6 +123,8 @@ def top_costs(profile, n: int = 3) -> list[tuple[str, float, float]]:
     total, ops = profile
     cats: dict[str, float] = {}
     for op, _, ms, _ in ops:
+        if op.startswith("aten::"):  # a host op: its device time is its kernels', listed on their own rows
+            continue
         cats[category(op)] = cats.get(category(op), 0.0) + ms
     return [(c, ms, ms / max(total, 1e-9)) for c, ms in sorted(cats.items(), key=lambda x: -x[1])[:n]]
 

@@ -154,7 +154,9 @@ def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
       fp32 operand   FMA tiles of 16 / 32 / 64 rows by 32 or 64 columns (mHC: N = 24, one column
                      tile, every row of x read once; 64 x 32 issues 2.5 FMAs per shared load, 32 x 32 1.7);
                      up to 64 rows and 32 columns (the mHC mix at decode) 16 x 32 tiles with BK 64: more
-                     programs than 32-row tiles (42.9 vs 50.2 us at 64 rows).
+                     programs than 32-row tiles (42.9 vs 50.2 us at 64 rows); from 1024 rows (the
+                     prefill mHC mix) 64 x 32 tiles on 2 warps, split over the K chunks: 1.72x / 1.62x the
+                     unsplit 4-warp tiles at 8192 / 2048 rows, K = 20480 (2026-12-02-h200-prefill-bf16.md).
     SPLIT (ordered two-pass over the K chunks) when the tiles would leave more than half the SMs idle."""
     if tc and m <= 64:
         bm = _pow2(m, 16, 64)
@@ -162,6 +164,8 @@ def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
     elif tc:
         bm, bn, bk, swap = (128 if m >= 1024 else 64), _pow2(n, 16, 128), 64, False
         warps, stages = (8 if bm * bn >= 64 * 128 else 4), 4
+    elif n <= 32 and m >= 1024 and k > CHUNK:  # the prefill mHC mix: split K, 2 warps (module docstring)
+        return 64, 32, (64 if m >= 4096 else 16), False, True, 2, 3
     else:
         narrow = m <= 64 and n <= 32  # the decode mHC mix
         bm = 16 if m <= 16 or narrow else 32 if m <= 2048 else 64

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41_kernels.dequant_triton import bf16_path_allowed, fp4_weight_bf16, fp8_weight_bf16, mxfp8_qdq
 from dsv41_kernels.gemm import fp4_linear, fp8_linear
 from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 
@@ -325,6 +326,23 @@ def _prefetch(bm: int, bn: int, swap: bool, fp4: bool) -> bool:
     return not fp4 and (bm if swap else bn) <= 64
 
 
+PREFILL_ROWS = 512
+"""From this many rows (and outside deterministic mode and graph captures) a GEMM runs as a bf16 library
+GEMM over exact bf16 operands (`_bf16_mm`): same products, the tensor core's fp32 addition order.
+H200 (benchmark/results/2026-12-02-h200-prefill-bf16.md): 1.2-2.4x the fp8 kernel at M = 512 .. 8192 for
+wq_a, wq_b, wo_b and the shared expert's w1 (0.63-0.91x a bf16 F.linear at M = 8192)."""
+
+
+def _bf16_mm(x2, w, sw, n, k, fp4):
+    """x2 [M, K] -> bf16 [M, N] = MXFP8 round trip of x2 (bf16) @ dequantized w (bf16)^T (dequant_triton)."""
+    sw = sw.view(torch.uint8)
+    if fp4:
+        wb = fp4_weight_bf16(w[None], sw[None], torch.empty(1, n, k, dtype=torch.bfloat16, device=w.device))[0]
+    else:
+        wb = fp8_weight_bf16(w, sw)
+    return torch.nn.functional.linear(mxfp8_qdq(x2), wb)
+
+
 def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
     """x [..., K] -> bf16 [..., N]; w / sw as `_scaled_mm_kernel` takes them (w_rs = w's row stride)."""
     lead = x.shape[:-1]
@@ -334,6 +352,8 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
     m = x2.size(0)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m and n:
+        if config is None and m >= PREFILL_ROWS and bf16_path_allowed(x.device):
+            return _bf16_mm(x2, w, sw, n, k, fp4).reshape(*lead, n)
         q, sa = mxfp8_quant_t(x2)
         config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:
@@ -381,4 +401,4 @@ def fp4_linear_triton(x, w_packed, w_scale, config: tuple | None = None):
     return _scaled_mm(x, w_packed, w_packed.stride(0), w_scale, n, k, True, config)
 
 
-__all__ = ["SPLIT_ROWS", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]
+__all__ = ["PREFILL_ROWS", "SPLIT_ROWS", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, e2m1_block_e4m3, mxfp8_quant_t
 from dsv41_kernels.moe import moe_combine, moe_experts
+from dsv41_kernels.moe_prefill import bf16_prefill, moe_experts_bf16, sorted_pairs
 from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 
 
@@ -165,14 +166,8 @@ def _moe_gemm_kernel(
 def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: int):
     """-> (perm int32 [R] sorted position -> pair r, routing weight fp32 [R] by pair, tile expert /
     first p / end p int32 [max_tiles]); device ops only (no host read)."""
-    t, k = ids.shape
-    r = t * k
-    sid, rank = ids.long().sort(dim=1)
-    wt = weights.float().gather(1, rank).flatten()
-    flat = sid.flatten()
-    perm = torch.argsort(flat, stable=True)
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
-    ends = torch.cumsum(counts, 0)
+    r = ids.numel()
+    perm, wt, counts, ends = sorted_pairs(ids, weights, n_experts)
     ntile = (counts + bm - 1) // bm
     tend = torch.cumsum(ntile, 0)
     max_tiles = min(r, triton.cdiv(r, bm) + n_experts)
@@ -207,7 +202,8 @@ def _word_rows(scales: torch.Tensor) -> bool:
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
     """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP]) overrides
-    pick_config (SWAP defaults to False)."""
+    pick_config (SWAP defaults to False). Without a config, calls with many pairs per expert run the
+    bf16 prefill path (`moe_prefill.bf16_prefill`)."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -222,6 +218,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
     s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
     assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
+    if config is None and bf16_prefill(rows, n_exp, x.device):  # many pairs per expert: bf16 tensor cores
+        return moe_experts_bf16(x, ids, weights, w1, s1, w3, s3, w2, s2, limit)
     perm, wt, te, first, end = routing_tiles(ids, weights, n_exp, bm)
     qx, sx = mxfp8_quant_t(x.contiguous())
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)

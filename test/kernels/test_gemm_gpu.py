@@ -2,7 +2,8 @@
 twins, the oracle (`sglang_dsv41.quant.fp8_linear` / `fp4_linear`): tolerance kind "fp8_gemm"
 (kernel_compare; bound from kernel_cases.gemm_slack) over M x (N, K) with fresh seeded inputs
 (seed in the test id); bitwise batch invariance across row counts and tile configs; the MXFP8
-activation quant kernel bitwise against `mxfp8_quant`. Skipped without CUDA. Runs as a script."""
+activation quant kernel bitwise against `mxfp8_quant`; the bf16 prefill path (>= PREFILL_ROWS rows).
+Skipped without CUDA. Runs as a script."""
 
 from __future__ import annotations
 
@@ -95,6 +96,53 @@ def test_split_k_configs_bitwise_equal(op, m):
     for cfg in SPLIT_CONFIGS + [c for c in CONFIGS if len(c) == 6]:
         got = impl.triton(*case["args"], config=cfg).view(torch.int16)
         assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
+
+
+@pytest.mark.parametrize("op, n, k", [("fp8_linear", 1280, 5120), ("fp8_linear", 100, 512), ("fp4_linear", 2304, 5120)])
+def test_bf16_prefill_path(op, n, k, monkeypatch):
+    """From gemm_triton.PREFILL_ROWS rows a GEMM runs on exact bf16 operands (dequant_triton) through the
+    library's bf16 GEMM: within the fp8 kernel's tolerance of the twin (special rows included); in
+    deterministic mode the same call runs the fp8 kernel (bitwise its explicit-config result)."""
+    from dsv41_kernels.gemm_triton import PREFILL_ROWS, pick_config
+
+    impl = getattr(_ops(), op)
+    m = PREFILL_ROWS + 76
+    case = build_gemm(op, dict(m=m, n=n, k=k, special=True, inf=True), 40 + n, "cuda")
+    got = impl.triton(*case["args"])
+    fused = impl.triton(*case["args"], config=pick_config(m, n, k, torch.device("cuda"), op == "fp4_linear"))
+    assert not torch.equal(got.view(torch.int16), fused.view(torch.int16)), "the bf16 path did not run"
+    assert_match(got, impl.torch(*case["args"]), "fp8_gemm", what=op + " bf16 prefill", bound=case["bound"])
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    assert torch.equal(impl.triton(*case["args"]).view(torch.int16), fused.view(torch.int16))
+
+
+def test_bf16_operands_bitwise():
+    """dequant_triton's hardware-conversion paths on the GPU, bit for bit (NaN as NaN) against the twins'
+    values: the MXFP8 round trip (special rows: NaN, inf, saturation, zero groups; gathered rows), E2M1 and
+    E4M3 weights times their scales (the interpreter checks the software paths: dequant_interp.py)."""
+    from dsv41_kernels import dequant_triton as dq
+    from dsv41_kernels.gemm import _e2m1_decode
+    from moe_cases import same_bits
+    from sglang_dsv41.quant import e8m0_to_fp32, mxfp8_quant
+
+    g = torch.Generator().manual_seed(9)
+    x = gemm_rows(300, 5120, g, special=True, inf=True)
+    q, sc = mxfp8_quant(x.float(), 32)
+    want = (q.float().unflatten(-1, (-1, 32)) * sc.unsqueeze(-1)).flatten(-2).bfloat16()
+    xc = x.cuda()
+    assert same_bits(dq.mxfp8_qdq(xc).cpu(), want)
+    rows = torch.randint(0, 300 * 6, (1000,), generator=g)
+    assert same_bits(dq.mxfp8_qdq(xc, rows.cuda(), 6).cpu(), want[rows // 6])
+    w = torch.randint(0, 256, (3, 96, 160), dtype=torch.uint8, generator=g)
+    s4 = torch.randint(90, 170, (3, 96, 11), dtype=torch.uint8, generator=g)
+    out = dq.fp4_weight_bf16(w.cuda(), s4.cuda(), torch.empty(3, 96, 320, dtype=torch.bfloat16, device="cuda")).cpu()
+    want4 = torch.stack([(_e2m1_decode(w[i]) * e8m0_to_fp32(s4[i])[:, :10].repeat_interleave(32, 1)).bfloat16()
+                         for i in range(3)])
+    assert same_bits(out, want4)
+    w8 = torch.randint(0, 256, (100, 512), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)  # NaN codes too
+    s8 = torch.randint(100, 150, (4, 16), dtype=torch.uint8, generator=g)
+    want8 = (w8.float() * e8m0_to_fp32(s8)[torch.arange(100) // 32][:, torch.arange(512) // 32]).bfloat16()
+    assert same_bits(dq.fp8_weight_bf16(w8.cuda(), s8.cuda()).cpu(), want8)
 
 
 def test_non_contiguous_input():

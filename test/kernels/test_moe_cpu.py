@@ -104,3 +104,11 @@ def test_layer_transformations_keep_bits(tiny_model):
 def test_kernels_under_interpreter():
     pytest.importorskip("triton")
     run_script(Path(__file__).with_name("moe_interp.py"), 4, timeout=300)  # moe_experts, gemm_configs, rms_norm, moe_combine
+
+
+@pytest.mark.interp
+def test_bf16_operand_kernels_under_interpreter():
+    """dequant_triton's kernels bitwise against the twins' dequantized operands, and the bf16 prefill paths
+    (grouped MoE, dense fp8 / fp4) within the twins' tolerance, through the interpreter (dequant_interp.py)."""
+    pytest.importorskip("triton")
+    run_script(Path(__file__).with_name("dequant_interp.py"), 6, timeout=300)

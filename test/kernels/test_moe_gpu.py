@@ -1,6 +1,7 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
-independence, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm kernel bitwise against
+independence in deterministic mode, the bf16 prefill path (moe_prefill) against the twin and its expert
+chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm kernel bitwise against
 their twins.
 Skipped without CUDA."""
 
@@ -53,11 +54,14 @@ def test_moe_no_limit_and_large_values():
     assert_moe_close(ops.moe_experts.triton(*args, 0.0), ops.moe_experts.torch(*args, 0.0))
 
 
-def test_moe_batch_invariant_and_config_independent():
-    """Rows of a 300-token call equal (bitwise) the same tokens alone, in a 17-token call, and under every
-    tile config (the pairs' grouping, the tile shape and the packed scale words change no bit; hidden 512 and
-    inter 256 are 16 and 8 K blocks, so the packed scale words run in both GEMMs)."""
+def test_moe_batch_invariant_and_config_independent(monkeypatch):
+    """Deterministic mode: rows of a 300-token call equal (bitwise) the same tokens alone, in a 17-token call,
+    and under every tile config (the pairs' grouping, the tile shape and the packed scale words change no bit;
+    hidden 512 and inter 256 are 16 and 8 K blocks, so the packed scale words run in both GEMMs). Without it,
+    the 300-token call (112 pairs per expert) would take the bf16 prefill path (test_bf16_prefill_path)."""
     from dsv41_kernels.moe_triton import moe_experts_triton
+
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
 
     x, ids, wts, *w = build_moe(300, 6, 16, 512, 256, seed=5, device="cuda")
     full = moe_experts_triton(x, ids, wts, *w, 10.0).view(torch.int16)
@@ -68,6 +72,27 @@ def test_moe_batch_invariant_and_config_independent():
                 (16, 64, 64, 4, 4, True), (32, 64, 128, 4, 3, True), (64, 128, 64, 8, 3, True)):
         got = moe_experts_triton(x, ids, wts, *w, 10.0, config=cfg).view(torch.int16)
         assert torch.equal(got, full), f"config {cfg}"
+
+
+def test_bf16_prefill_path(monkeypatch):
+    """A call with >= moe_prefill.ROWS_PER_EXPERT pairs per expert runs the bf16 prefill path: within the twin's
+    tolerance; split into expert chunks (CHUNK_BYTES small, one host read) it gives the same bits; in
+    deterministic mode the same call runs the grouped fp8 kernel (bitwise its explicit-config result)."""
+    from dsv41_kernels import moe_prefill
+    from dsv41_kernels.moe_triton import moe_experts_triton, pick_config
+
+    ops = _ops()
+    t, k, e, hid, inter = 400, 6, 16, 1024, 512
+    assert t * k >= moe_prefill.ROWS_PER_EXPERT * e
+    x, ids, wts, *w = build_moe(t, k, e, hid, inter, seed=21, device="cuda")
+    got = moe_experts_triton(x, ids, wts, *w, 10.0)
+    fused = moe_experts_triton(x, ids, wts, *w, 10.0, config=pick_config(t * k))
+    assert not torch.equal(got.view(torch.int16), fused.view(torch.int16)), "the bf16 path did not run"
+    assert_moe_close(got, ops.moe_experts.torch(x, ids, wts, *w, 10.0), "moe_experts bf16 prefill")
+    monkeypatch.setattr(moe_prefill, "CHUNK_BYTES", 5 * 3 * inter * hid * 2)  # 5 experts per chunk: 4 chunks
+    assert torch.equal(moe_experts_triton(x, ids, wts, *w, 10.0).view(torch.int16), got.view(torch.int16))
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    assert torch.equal(moe_experts_triton(x, ids, wts, *w, 10.0).view(torch.int16), fused.view(torch.int16))
 
 
 def test_moe_no_host_sync():
