@@ -7,7 +7,8 @@ count are replaced by fixed-shape ones (docs/numerics.md, "Deterministic mode"):
       (the last zero-padded), so the library picks the same kernel, hence the same K order, for
       every row whatever the batch;
   sparse attention (Triton)  never splits the key list across programs (the split count depends on
-      the row count, and the split partials are combined in a different order);
+      the row count, and the split partials are combined in a different order), nor runs the prefill
+      library-GEMM path (`dsv41_kernels.attention_prefill`);
   FP8 / MXFP4 GEMMs and the grouped MoE  never take the bf16 prefill path (`dsv41_kernels.dequant_triton`:
       library bf16 GEMMs over exact bf16 operands, whose addition order depends on the call's size).
 Everything else is batch-invariant by construction (row-wise Triton kernels with fixed orders, the

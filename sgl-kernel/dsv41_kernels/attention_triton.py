@@ -1,4 +1,7 @@
-"""Triton sparse attention straight from the paged pools (decode and prefill; one query row each).
+"""Triton sparse attention straight from the paged pools (one query row per program).
+
+Calls of >= attention_prefill.ROWS query rows (prefill; outside deterministic mode and graph captures)
+run attention_prefill's library-GEMM path instead; decode and deterministic mode run the kernel below.
 
 Program = (query row t, block of HB heads, split of the key list). Keys of a row are its W window
 slots (FP8 pool, 528 B at D = 512) followed by its K compressed slots (FP4 pool, 288 B), visited
@@ -21,37 +24,12 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.attention import sparse_attention_paged
-from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET, bf16_round, e2m1_value, e4m3_value, e8m0_value
+from dsv41_kernels.attention_prefill import attention_bf16, prefill_rows
+from dsv41_kernels.attention_tiles import fp4_tile, window_tile
+from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET, bf16_round
 from sglang_dsv41.determinism import deterministic
 
 BLOCK = 64
-
-
-@triton.jit
-def _window_tile(pool16_ptr, pool8_ptr, pool_rs, slots, valid, NP: tl.constexpr, FAST: tl.constexpr, DOT_T: tl.constexpr):
-    """FP8 window keys [BLOCK] slots -> (even, odd) [BLOCK, NP] in DOT_T (exact bf16 values)."""
-    pair = tl.arange(0, NP)[None, :]
-    row = slots[:, None] * pool_rs
-    w = tl.load(pool16_ptr + row // 2 + pair, mask=valid[:, None], other=0).to(tl.int32)
-    e = tl.load(pool8_ptr + row + 2 * NP + pair // 16, mask=valid[:, None], other=127)
-    s = e8m0_value(e)
-    if FAST:  # hardware e4m3 -> fp32 (exact, NaN kept)
-        k0 = (w & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        k1 = ((w >> 8) & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        k0 = e4m3_value(w & 255)
-        k1 = e4m3_value((w >> 8) & 255)
-    return (k0 * s).to(DOT_T), (k1 * s).to(DOT_T)
-
-
-@triton.jit
-def _fp4_tile(pool_ptr, pool_rs, slots, valid, NP: tl.constexpr, DOT_T: tl.constexpr):
-    """FP4 compressed keys -> (even, odd) [BLOCK, NP] in DOT_T (E2M1 x E4M3/16, exact bf16 values)."""
-    pair = tl.arange(0, NP)[None, :]
-    row = pool_ptr + slots[:, None] * pool_rs
-    b = tl.load(row + pair, mask=valid[:, None], other=0).to(tl.int32)
-    s = e4m3_value(tl.load(row + NP + pair // 8, mask=valid[:, None], other=0x38))
-    return (e2m1_value(b & 15) * s).to(DOT_T), (e2m1_value(b >> 4) * s).to(DOT_T)
 
 
 @triton.jit
@@ -82,12 +60,12 @@ def _attn_kernel(
             j = vb * 64 + tl.arange(0, 64)
             slots = tl.load(ws_ptr + t * ws_st + j, mask=j < W, other=-1).to(tl.int64)
             valid = slots >= 0
-            k0, k1 = _window_tile(w16_ptr, w8_ptr, w_rs, slots, valid, NP, FAST, DOT_T)
+            k0, k1 = window_tile(w16_ptr, w8_ptr, w_rs, slots, valid, NP, FAST, DOT_T)
         else:
             j = (vb - nwb) * 64 + tl.arange(0, 64)
             slots = tl.load(cs_ptr + t * cs_st + j, mask=j < K, other=-1).to(tl.int64)
             valid = slots >= 0
-            k0, k1 = _fp4_tile(c_ptr, c_rs, slots, valid, NP, DOT_T)
+            k0, k1 = fp4_tile(c_ptr, c_rs, slots, valid, NP, FAST, DOT_T)
         s = tl.dot(q0, tl.trans(k0))
         s = tl.dot(q1, tl.trans(k1), s)  # [HB, 64]
         s = tl.where(valid[None, :], s, float("-inf")) * scale
@@ -162,6 +140,9 @@ def sparse_attention_paged_triton(q, window_pool, window_slots, comp_pool, comp_
         comp_slots = comp_slots.contiguous()
     else:
         comp_pool, comp_slots = window_pool, window_slots  # never read
+    if config is None and prefill_rows(t, q.device):  # prefill: library bf16 GEMMs (attention_prefill)
+        return attention_bf16(q, window_pool, window_slots, comp_pool if kk else None, comp_slots if kk else None,
+                              sink, scale)
     hb, splits, warps = config or _config(t, h)
     w16 = window_pool.view(torch.int16)
     sink = sink.float().contiguous()

@@ -7,7 +7,11 @@ Triton's CPU interpreter; prints 'PASS name' / 'FAIL name: reason'. Start with T
                    silu's exp: >= 99% of elements equal, relative error <= 2^-7)
   moe_bf16         moe_experts_bf16 against the twin (moe_cases tolerance), and split into expert chunks
                    (CHUNK_BYTES small) bit for bit the one-chunk result
-  dense_bf16       the dense bf16 path of fp8_linear / fp4_linear against the twins (GEMM tolerance)"""
+  dense_bf16       the dense bf16 path of fp8_linear / fp4_linear against the twins (GEMM tolerance)
+  attention_keys   attention_prefill's key gather bitwise the twin's dequantized keys (invalid slots: zeros)
+  attention_bf16   attention_prefill's path against the fp64 oracle, no worse than the twin (kernel_compare
+                   "attention": probabilities rounded against the row's final max, not a running one), rows with no
+                   valid key, short windows and no compressed keys included"""
 
 from __future__ import annotations
 
@@ -105,8 +109,38 @@ def main() -> int:
             rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
             assert rel <= 2.0**-8, f"{op}: relative error {rel:.2e}"
 
+    def attention_keys():
+        from dsv41_kernels.attention import _gather
+        from dsv41_kernels.attention_prefill import gather_keys
+        from kernel_cases import build
+        from sglang_dsv41.quant import kv_fp4_unpack, window_kv_unpack
+
+        q, wpool, ws, cpool, cs = build("sparse_attention_paged", dict(t=5, h=3, d=128, w=70, k=65), 3, "cpu")["args"][:5]
+        got = gather_keys(wpool, ws, cpool, cs)
+        wk, wv = _gather(wpool, ws, window_kv_unpack)
+        ck, cv = _gather(cpool, cs, kv_fp4_unpack)
+        want, valid = torch.cat([wk, ck], 1), torch.cat([wv, cv], 1)
+        assert torch.equal(got[valid].view(torch.int16), want[valid].view(torch.int16)), "valid keys"
+        assert (got[~valid].view(torch.int16) == 0).all(), "invalid slots are not zero keys"
+        assert gather_keys(wpool, ws, None, None).shape == (5, 70, 128)
+
+    def attention_bf16():
+        from dsv41_kernels.attention_prefill import attention_bf16 as attend
+        from kernel_cases import build, exact_attention
+        from kernel_compare import assert_attention
+
+        for p in (dict(t=5, h=3, d=128, w=70, k=65), dict(t=6, h=8, d=128, w=128, k=0, short=True),
+                  dict(t=4, h=2, d=64, w=1, k=1)):
+            case = build("sparse_attention_paged", p, 7, "cpu")
+            args = case["args"]
+            got = attend(*args)
+            assert_attention(got, ops.sparse_attention_paged.torch(*args), exact_attention(case), what=f"attention {p}")
+            if p["t"] > 2:
+                assert (got[1] == 0).all(), "a row with no valid key is not zero"
+
     return run_checks((("mxfp8_qdq", qdq), ("fp4_weight_bf16", fp4), ("fp8_weight_bf16", fp8), ("swiglu_qdq", swiglu),
-                       ("moe_bf16", moe_bf16), ("dense_bf16", dense_bf16)))
+                       ("moe_bf16", moe_bf16), ("dense_bf16", dense_bf16), ("attention_keys", attention_keys),
+                       ("attention_bf16", attention_bf16)))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,23 @@ def test_attention_launch_configs(config):
     assert_attention(got, want, exact_attention(case), what=f"attention {config}")
 
 
+def test_attention_prefill_path(monkeypatch):
+    """From attention_prefill.ROWS query rows a call runs the library-GEMM prefill path: against the fp64 oracle
+    no worse than the twin (kernel_compare "attention"); in deterministic mode the same call runs the kernel
+    (bitwise its explicit-config result)."""
+    from dsv41_kernels import ops
+    from dsv41_kernels.attention_prefill import ROWS
+
+    case = build("sparse_attention_paged", dict(t=ROWS + 40, h=16, d=512, w=128, k=512, short=True), 78, "cuda")
+    got = ops.sparse_attention_paged.triton(*case["args"])
+    kern = ops.sparse_attention_paged.triton(*case["args"], config=(16, 1, 8))
+    assert not torch.equal(got.view(torch.int16), kern.view(torch.int16)), "the prefill path did not run"
+    assert_attention(got, ops.sparse_attention_paged.torch(*case["args"]), exact_attention(case), what="attention prefill path")
+    assert (got[1] == 0).all(), "a row with no valid key is not zero"
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    assert torch.equal(ops.sparse_attention_paged.triton(*case["args"]).view(torch.int16), kern.view(torch.int16))
+
+
 STORE_LAUNCHES = [dict(rows=1, num_warps=1), dict(rows=4, num_warps=1), dict(rows=8, num_warps=2), dict(rows=16, num_warps=4),
                   dict(rows=4, num_warps=2, seg=512), dict(rows=8, num_warps=1, seg=64), dict(portable=True)]
 STORE_CASES = [("window_kv_store", dict(n=83, d=512, special=True, ties=True)), ("window_kv_store", dict(n=9, d=96)),

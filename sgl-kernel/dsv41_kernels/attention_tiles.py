@@ -1,0 +1,62 @@
+"""Key tiles of the paged sparse attention: a block of pool slots dequantized to exact bf16 values in registers.
+
+Both return the keys of slots [B] in "pair-split" form (even elements, odd elements), [B, NP] each in DOT_T, because
+one FP4 byte holds one (even, odd) pair: window keys from the FP8 pool (528 B per slot at D = 512: E4M3
+bytes, then one UE8M0 scale per 32), compressed keys from the FP4 pool (288 B: E2M1 pairs, then one
+E4M3 scale per 16 elements). Masked slots (valid False) give zero keys. Shared by the
+one-row-per-program kernel (attention_triton) and the prefill key gather (attention_prefill).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv41_kernels.triton_numerics import e2m1_value, e4m3_value, e8m0_value
+
+
+@triton.jit
+def window_tile(pool16_ptr, pool8_ptr, pool_rs, slots, valid, NP: tl.constexpr, FAST: tl.constexpr, DOT_T: tl.constexpr):
+    """FP8 window keys of slots [B] -> (even, odd) [B, NP] in DOT_T (exact bf16 values)."""
+    pair = tl.arange(0, NP)[None, :]
+    row = slots[:, None] * pool_rs
+    w = tl.load(pool16_ptr + row // 2 + pair, mask=valid[:, None], other=0).to(tl.int32)
+    e = tl.load(pool8_ptr + row + 2 * NP + pair // 16, mask=valid[:, None], other=127)
+    s = e8m0_value(e)
+    if FAST:  # hardware e4m3 -> fp32 (exact, NaN kept)
+        k0 = (w & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        k1 = ((w >> 8) & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        k0 = e4m3_value(w & 255)
+        k1 = e4m3_value((w >> 8) & 255)
+    return (k0 * s).to(DOT_T), (k1 * s).to(DOT_T)
+
+
+@triton.jit
+def _e2m1(c, FAST: tl.constexpr):
+    """E2M1 code (int32, low 4 bits) -> fp32 exactly. FAST: the code's bits s e1 e0 m placed as an fp16's sign,
+    low exponent bits and top mantissa bit are the value times 2**-14 (e = 0 lands on fp16 subnormals), so a
+    bit pattern and one widening replace `e2m1_value`'s selects."""
+    if FAST:
+        h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16)
+        return h.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+    else:
+        return e2m1_value(c)
+
+
+@triton.jit
+def fp4_tile(pool_ptr, pool_rs, slots, valid, NP: tl.constexpr, FAST: tl.constexpr, DOT_T: tl.constexpr):
+    """FP4 compressed keys of slots [B] -> (even, odd) [B, NP] in DOT_T (E2M1 x E4M3 scale, exact bf16 values).
+    FAST: hardware E4M3 decode of the scales and `_e2m1`'s bit pattern (the same exact values)."""
+    pair = tl.arange(0, NP)[None, :]
+    row = pool_ptr + slots[:, None] * pool_rs
+    b = tl.load(row + pair, mask=valid[:, None], other=0).to(tl.int32)
+    sb = tl.load(row + NP + pair // 8, mask=valid[:, None], other=0x38)
+    if FAST:
+        s = sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        s = e4m3_value(sb)
+    return (_e2m1(b & 15, FAST) * s).to(DOT_T), (_e2m1(b >> 4, FAST) * s).to(DOT_T)
+
+
+__all__ = ["fp4_tile", "window_tile"]
