@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsv41_kernels.triton_numerics import e2m1_value, e4m3_value, e8m0_value
+from dsv41_kernels.triton_numerics import e2m1_decode, e4m3_value, e8m0_value
 
 
 @triton.jit
@@ -33,21 +33,9 @@ def window_tile(pool16_ptr, pool8_ptr, pool_rs, slots, valid, NP: tl.constexpr, 
 
 
 @triton.jit
-def _e2m1(c, FAST: tl.constexpr):
-    """E2M1 code (int32, low 4 bits) -> fp32 exactly. FAST: the code's bits s e1 e0 m placed as an fp16's sign,
-    low exponent bits and top mantissa bit are the value times 2**-14 (e = 0 lands on fp16 subnormals), so a
-    bit pattern and one widening replace `e2m1_value`'s selects."""
-    if FAST:
-        h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16)
-        return h.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-    else:
-        return e2m1_value(c)
-
-
-@triton.jit
 def fp4_tile(pool_ptr, pool_rs, slots, valid, NP: tl.constexpr, FAST: tl.constexpr, DOT_T: tl.constexpr):
     """FP4 compressed keys of slots [B] -> (even, odd) [B, NP] in DOT_T (E2M1 x E4M3 scale, exact bf16 values).
-    FAST: hardware E4M3 decode of the scales and `_e2m1`'s bit pattern (the same exact values)."""
+    FAST: hardware E4M3 decode of the scales and `e2m1_decode`'s bit pattern (the same exact values)."""
     pair = tl.arange(0, NP)[None, :]
     row = pool_ptr + slots[:, None] * pool_rs
     b = tl.load(row + pair, mask=valid[:, None], other=0).to(tl.int32)
@@ -56,7 +44,7 @@ def fp4_tile(pool_ptr, pool_rs, slots, valid, NP: tl.constexpr, FAST: tl.constex
         s = sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
         s = e4m3_value(sb)
-    return (_e2m1(b & 15, FAST) * s).to(DOT_T), (_e2m1(b >> 4, FAST) * s).to(DOT_T)
+    return (e2m1_decode(b & 15, FAST) * s).to(DOT_T), (e2m1_decode(b >> 4, FAST) * s).to(DOT_T)
 
 
 __all__ = ["fp4_tile", "window_tile"]

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, e2m1_value, e4m3_decode, e4m3_rne, e8m0_value,
+from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, e2m1_decode, e4m3_decode, e4m3_rne, e8m0_value,
                                             max_nan, ue8m0_ceil)
 from sglang_dsv41.determinism import deterministic
 
@@ -45,18 +45,6 @@ def _qdq_group(x, FAST: tl.constexpr):
     amax = tl.where(amax < 1e-4, 1e-4, amax)
     s = ue8m0_ceil(amax * (1.0 / 448.0))
     return e4m3_decode(e4m3_rne(x * tl.math.div_rn(1.0, s), FAST), FAST) * s
-
-
-@triton.jit
-def _e2m1_f32(c, FAST: tl.constexpr):
-    """E2M1 code (int32, low 4 bits) -> fp32. FAST: the code's bits s e1 e0 m placed as an fp16's sign, low
-    exponent bits and top mantissa bit are the value times 2**-14 exactly (e = 0 lands on fp16 subnormals
-    m * 2**-15), so one bit pattern and one widening replace `e2m1_value`'s selects."""
-    if FAST:
-        h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16)
-        return h.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-    else:
-        return e2m1_value(c)
 
 
 @triton.jit
@@ -85,7 +73,7 @@ def _fp4_weight_kernel(w_ptr, w_es, w_rs, s_ptr, s_es, s_rs, out_ptr, o_es, o_rs
     m = (n < N)[:, None] & (c < KH)[None, :]
     b = tl.load(w_ptr + e * w_es + n.to(tl.int64)[:, None] * w_rs + c[None, :], mask=m, other=0).to(tl.int32)
     sc = e8m0_value(tl.load(s_ptr + e * s_es + n.to(tl.int64)[:, None] * s_rs + (c // 16)[None, :], mask=m, other=127))
-    v = tl.reshape(tl.join(_e2m1_f32(b & 15, FAST) * sc, _e2m1_f32(b >> 4, FAST) * sc), [BR, 2 * BC])
+    v = tl.reshape(tl.join(e2m1_decode(b & 15, FAST) * sc, e2m1_decode(b >> 4, FAST) * sc), [BR, 2 * BC])
     c2 = tl.program_id(1) * (2 * BC) + tl.arange(0, 2 * BC)
     m2 = (n < N)[:, None] & (c2 < 2 * KH)[None, :]
     tl.store(out_ptr + e * o_es + n.to(tl.int64)[:, None] * o_rs + c2[None, :], v.to(tl.bfloat16), mask=m2)

@@ -324,6 +324,18 @@ def e4m3_decode(b, FAST: tl.constexpr):
 
 
 @triton.jit
+def e2m1_decode(c, FAST: tl.constexpr):
+    """E2M1 code (int32, low 4 bits) -> fp32 exactly (`e2m1_value`). FAST: the code's bits s e1 e0 m placed as
+    an fp16's sign, low exponent bits and top mantissa bit are the value times 2**-14 (e = 0 lands on fp16
+    subnormals m * 2**-15), so one bit pattern and one widening replace the selects."""
+    if FAST:
+        h = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16)
+        return h.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+    else:
+        return e2m1_value(c)
+
+
+@triton.jit
 def pow2_ceil(x):
     """x > 0 (fp32; inf and NaN allowed) -> (s = ue8m0_ceil(x), 1 / s exactly (0 for inf, NaN for NaN),
     UE8M0 byte of s as int32 (exponent_byte(s))), from the bits; valid while s <= 2**126."""
