@@ -83,7 +83,7 @@ def moe_experts_bf16(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> t
             y = part
         else:
             y[lo:hi] = part
-    # pair r's row is sorted row inv[r]: a row gather (index_copy_ scattering by perm took 2.5x as long)
+    # pair r's row is sorted row inv[r]: a row gather (H200, E=16 T=8192: 278 us; index_copy_ by perm: 728 us)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(rows, device=x.device)
     return y.index_select(0, inv).view(t, k, hid)
