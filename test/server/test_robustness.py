@@ -387,3 +387,38 @@ def test_parallel_mix_good_answers_equal_alone(server, model):
         problems = [p for p in pool.map(one, work) if p]
     assert len(MIX_BAD) == 8 and not problems, problems
     assert alive(server) is None
+
+
+def test_admin_profile_and_memory_routes_keep_the_server(server, model, tmp_path):
+    """Profiling and memory-occupation routes: each of these ended the CPU server's scheduler or was a 500
+    (admin_endpoints.py). Now: a profile round trip writes its trace; a bad `activities` list, a `num_steps`
+    below 1, an output directory the server cannot write, a second start while one runs and a stop without a
+    start are 400s with a message; memory release / resume are 400s on the CPU platform; the server stays up."""
+    refusals = [
+        ("/start_profile", {"activities": ["XYZ"]}, "activities"),
+        ("/start_profile", {"activities": []}, "activities"),
+        ("/start_profile", {"activities": ["GPU"]}, "CPU only"),
+        ("/start_profile", {"num_steps": 0}, "num_steps"),
+        ("/start_profile", {"output_dir": "/proc/x"}, "output_dir"),
+        ("/start_profile", {"output_dir": str(tmp_path / "file")}, "output_dir"),
+        ("/stop_profile", {}, "not in progress"),
+        ("/release_memory_occupation", {}, "no device memory"),
+        ("/resume_memory_occupation", {}, "no device memory"),
+    ]
+    (tmp_path / "file").write_text("x")
+    for path, body, fragment in refusals:
+        code, text, r = post(server, path, body)
+        assert code == 400 and fragment in _message(r), (path, body, code, text[:300])
+        assert alive(server) is None, (path, body)
+    out = tmp_path / "trace"
+    assert post(server, "/start_profile", {"output_dir": str(out), "activities": ["CPU"]})[0] == 200
+    code, _, r = post(server, "/start_profile", {"output_dir": str(out)})
+    assert code == 400 and "already in progress" in _message(r)
+    assert post(server, "/generate", {"text": "1+1=", "sampling_params": _sp(max_new_tokens=2)})[0] == 200
+    assert post(server, "/stop_profile", {})[0] == 200
+    for _ in range(60):  # the trace is written by the scheduler after the reply
+        if list(out.glob("*.trace.json*")):
+            break
+        time.sleep(0.5)
+    assert list(out.glob("*.trace.json*")), "no trace written"
+    assert alive(server) is None

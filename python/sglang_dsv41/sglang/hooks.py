@@ -17,6 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from sglang_dsv41.sglang import admin_endpoints
 from sglang_dsv41.sglang.cuda_graphs import cuda_graphs_off_step
 from sglang_dsv41.sglang.server_args import REPLAY_WINDOW, ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
 from sglang_dsv41.sglang.validation import (
@@ -130,6 +131,20 @@ HOOKS = (
          "AROUND hook: with --enable-encoder-swa-bounded-replay our model folds each hit's replay rows into its "
          "own forward (sglang/request_windows.py); SGLang's separate replay forward is skipped for it (it reads "
          "the DeepSeek pool's request_window, which the generic pool our model uses does not have)."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.release_memory_occupation",
+         "AROUND hook (admin_endpoints.py): on our CPU platform `/release_memory_occupation` is a 400 in the front "
+         "end (SGLang's scheduler synchronises the CUDA device there, which killed a CPU server)."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.resume_memory_occupation",
+         "AROUND hook (admin_endpoints.py): the same for `/resume_memory_occupation`."),
+    Hook("sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile",
+         "AROUND hook (admin_endpoints.py): an OSError writing a profile trace is a refused stop, not the "
+         "scheduler's end."),
+    Hook("sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._profile",
+         "AROUND hook (admin_endpoints.py): a start while a profile runs is refused (SGLang started a second "
+         "profiler over the first)."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._execute_profile",
+         "AROUND hook (admin_endpoints.py): `/start_profile` fields checked before the scheduler (an unknown "
+         "activity list killed it); SGLang's refusals become 400s instead of 500s."),
     Hook("sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk",
          "AROUND hook: `/update_weights_from_disk` into our model is checked from the safetensors headers "
          "first (DeepseekV41ForCausalLM.weight_update_error) and refused with a 400; SGLang's rollback after "
@@ -411,6 +426,9 @@ def _install_request_validation() -> None:
     _register("._validate_one_request", check_tokenized, "AFTER")
     _register("._tokenize_texts", tokenize_texts, "AROUND")
     _register("._setup_and_run_http_server", add_error_handlers, "BEFORE")
+    for suffix in (".release_memory_occupation", ".resume_memory_occupation"):
+        _register(suffix, admin_endpoints.refuse_memory_occupation_on_cpu, "AROUND")
+    _register("._execute_profile", admin_endpoints.checked_profile, "AROUND")
 
 
 def _install_admission_check() -> None:
@@ -573,6 +591,8 @@ def install() -> None:
     _install_server_arg_hooks()
     _install_admission_check()
     _register(".update_weights_from_disk", check_weight_update, "AROUND")
+    _register("._stop_profile", admin_endpoints.stop_profile_keeping_scheduler, "AROUND")
+    _register("SchedulerProfilerManager._profile", admin_endpoints.one_profile_at_a_time, "AROUND")
     _register(".swa_reprefill_tail_tokens", cap_match_for_decoder_replay, "AFTER")
     _register(".run_encoder_swa_replay", skip_encoder_replay_forward, "AROUND")
     _install_kv_budget()

@@ -70,6 +70,16 @@ def _platform_class():
         def get_default_attention_backend(self) -> str:
             return "torch_native"
 
+        # The profiler manager asks an out-of-tree platform for its torch profiler activity on
+        # /start_profile; SGLang's base raises NotImplementedError there, which killed the scheduler.
+        def get_torch_profiler_activity_str(self) -> str:
+            return "CPU"
+
+        def get_torch_profiler_activity(self):
+            import torch
+
+            return torch.profiler.ProfilerActivity.CPU
+
     return Dsv41CpuPlatform
 
 
