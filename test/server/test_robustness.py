@@ -390,10 +390,12 @@ def test_parallel_mix_good_answers_equal_alone(server, model):
 
 
 def test_admin_profile_and_memory_routes_keep_the_server(server, model, tmp_path):
-    """Profiling and memory-occupation routes: each of these ended the CPU server's scheduler or was a 500
-    (admin_endpoints.py). Now: a profile round trip writes its trace; a bad `activities` list, a `num_steps`
-    below 1, an output directory the server cannot write, a second start while one runs and a stop without a
-    start are 400s with a message; memory release / resume are 400s on the CPU platform; the server stays up."""
+    """Admin routes that ended the CPU server, stalled it or answered 500 (admin_endpoints.py, hooks.py): a
+    profile round trip writes its trace; a bad `activities` list, a `num_steps` below 1, an output directory the
+    server cannot write, a second start while one runs and a stop without a start are 400s with a message;
+    memory release / resume are 400s on the CPU platform, expert recording without a recorder mode everywhere;
+    a request-log level SGLang would store and then fail every request on, an NCCL weight group on the CPU
+    server, a trainer store that is not there, and unknown parser names are 400s; the server stays up."""
     refusals = [
         ("/start_profile", {"activities": ["XYZ"]}, "activities"),
         ("/start_profile", {"activities": []}, "activities"),
@@ -404,6 +406,16 @@ def test_admin_profile_and_memory_routes_keep_the_server(server, model, tmp_path
         ("/stop_profile", {}, "not in progress"),
         ("/release_memory_occupation", {}, "no device memory"),
         ("/resume_memory_occupation", {}, "no device memory"),
+        ("/start_expert_distribution_record", {}, "recording is off"),
+        ("/stop_expert_distribution_record", {}, "recording is off"),
+        ("/dump_expert_distribution_record", {}, "recording is off"),
+        ("/configure_logging", {"log_requests": True, "log_requests_level": 99}, "log_requests_level"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                        "world_size": 2}, "needs a GPU"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                        "world_size": 2, "backend": "gloo"}, "nothing answers"),
+        ("/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []}, "tool_call_parser"),
+        ("/separate_reasoning", {"text": "x", "reasoning_parser": "nope"}, "nope"),
     ]
     (tmp_path / "file").write_text("x")
     for path, body, fragment in refusals:

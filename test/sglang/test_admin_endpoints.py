@@ -7,7 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsv41.sglang.admin_endpoints import PROFILER_ACTIVITIES, output_dir_error, profile_request_error
+from sglang_dsv41.sglang.admin_endpoints import (
+    PROFILER_ACTIVITIES,
+    logging_request_error,
+    output_dir_error,
+    profile_request_error,
+    weight_group_error,
+)
 
 
 def _req(**kw):
@@ -43,3 +49,42 @@ def test_output_dir_that_is_a_file(tmp_path):
     f.write_text("x")
     assert "output_dir" in output_dir_error(str(f))
     assert "output_dir" in output_dir_error(str(f / "sub"))
+
+
+def _group(**kw):
+    return SimpleNamespace(**{"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+                              "backend": "gloo", **kw})
+
+
+@pytest.mark.parametrize("kw, tp, cpu, fragment", [
+    (dict(backend="nccl"), 1, True, "needs a GPU"),
+    (dict(world_size=1), 1, False, "world_size"),
+    (dict(rank_offset=2), 1, False, "rank_offset"),
+    (dict(rank_offset=1, world_size=2), 2, False, "rank_offset"),  # two TP ranks from 1 need a world of 3
+    (dict(master_port=0), 1, False, "master_port"),
+    (dict(), 1, False, "nothing answers"),  # port 1: connection refused
+])
+def test_weight_group_refused(kw, tp, cpu, fragment):
+    error = weight_group_error(_group(**kw), tp, cpu)
+    assert error is not None and fragment in error, error
+
+
+def test_weight_group_hosted_here_is_not_probed():
+    """rank_offset 0: this server hosts the group's store and waits for the trainer (the protocol)."""
+    assert weight_group_error(_group(rank_offset=0), 1, cpu_platform=True) is None
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(log_requests_level=99), "log_requests_level"), (dict(log_requests_level=True), "log_requests_level"),
+    (dict(log_requests_format="xml"), "log_requests_format"), (dict(log_level="loud"), "log_level"),
+    (dict(dump_requests_threshold=0), "dump_requests_threshold"), (dict(crash_dump_folder="/proc/x"), "crash_dump_folder"),
+])
+def test_logging_refused(kw, fragment):
+    obj = SimpleNamespace(**kw)
+    error = logging_request_error(obj)
+    assert error is not None and fragment in error, error
+
+
+def test_logging_accepted():
+    assert logging_request_error(SimpleNamespace(log_requests=True, log_requests_level=3, log_requests_format="json",
+                                                 log_level="warning")) is None

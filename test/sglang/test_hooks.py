@@ -118,6 +118,8 @@ def test_aliases(tmp_path, monkeypatch):
     ("disaggregation_mode", "prefill", "--disaggregation-mode"),
     ("enable_lora", True, "--enable-lora"),
     ("lora_paths", ["a=/x"], "--enable-lora"),
+    ("expert_distribution_recorder_mode", "stat", "--expert-distribution-recorder-mode"),
+    ("enable_eplb", True, "--enable-eplb"),
     ("max_total_tokens", 0, "--max-total-tokens"),
     ("max_total_tokens", -5, "--max-total-tokens"),
     ("max_total_tokens", 63, "--max-total-tokens"),  # less than one page of the default 64

@@ -12,6 +12,18 @@ progress", "already in progress"), raised as a RuntimeError (a 500), are 400s.
 
 Memory occupation (`/release_memory_occupation`, `/resume_memory_occupation`): the scheduler synchronises the
 CUDA device there, which on our CPU platform raised and ended the server; there they are 400s.
+
+Expert distribution (`/start|stop|dump_expert_distribution_record`): without `--expert-distribution-recorder-mode`
+SGLang's no-op recorder raises in the scheduler and ended the server; then they are 400s. DeepSeek-V4.1 refuses
+that flag (and `--enable-eplb`) at startup: its MoE does not report to SGLang's recorder.
+
+Weight-update groups (`/init_weights_update_group`): the scheduler blocks in the group's rendezvous; an NCCL
+group asked of the CPU server, or a trainer-hosted store that is not there, held it (health 503) until the
+process-group timeout. Those are 400s now; a group this server hosts (rank_offset 0) still waits for the
+trainer to join, as the protocol requires.
+
+Logging (`/configure_logging`): SGLang stores the fields, then validates on use; an invalid
+`log_requests_level` made every later request fail in the front end. Checked before anything is stored.
 """
 
 from __future__ import annotations
@@ -49,7 +61,7 @@ def output_dir_error(path: Any) -> str | None:
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as e:
-        return f"output_dir: the server cannot write a trace to {path!r} ({e.strerror or type(e).__name__})"[:300]
+        return f"output_dir: the server cannot write files into {path!r} ({e.strerror or type(e).__name__})"[:300]
     return None
 
 
@@ -113,6 +125,93 @@ def stop_profile_keeping_scheduler(original, manager, *args, **kwargs):
         return ProfileReqOutput(success=False, message=f"the profile trace could not be written: {e}"[:300])
 
 
+EXPERT_RECORDING = ("expert distribution recording is off (SGLang's recorder needs --expert-distribution-recorder-mode, "
+                    "which DeepSeek-V4.1 refuses: its MoE does not report to the recorder; per-token routed experts "
+                    "come from --enable-return-routed-experts)")
+
+
+async def refuse_expert_recording_when_off(original, tm, *args, **kwargs):
+    """AROUND hook on `async TokenizerControlMixin.start / stop / dump_expert_distribution_record(self)`: without a
+    recorder mode the scheduler's no-op recorder raises on each of them, which ended the server (any model).
+    Then a 400 before the scheduler sees the request."""
+    from fastapi import HTTPException
+
+    if getattr(tm.server_args, "expert_distribution_recorder_mode", None) is None:
+        raise HTTPException(status_code=400, detail=EXPERT_RECORDING)
+    return await original(tm, *args, **kwargs)
+
+
+def weight_group_error(obj: Any, tp_size: int, cpu_platform: bool) -> str | None:
+    """An InitWeightsUpdateGroupReqInput this server can act on without blocking its scheduler on a group that
+    cannot form: a backend the device has (NCCL needs a GPU), a world of at least 2 with this server's ranks
+    (rank_offset .. rank_offset + tp_size - 1) inside it, a valid port, and, when the trainer hosts the
+    group's store (rank_offset > 0), a store that answers a TCP connection now."""
+    import socket
+
+    backend = getattr(obj, "backend", "nccl")
+    if cpu_platform and backend != "gloo":
+        return f"backend: {backend!r} needs a GPU; a CPU server joins a weight-update group with 'gloo'"[:200]
+    ws, ro, port = obj.world_size, obj.rank_offset, obj.master_port
+    if not _is_int(ws) or ws < 2:
+        return f"world_size: expected an integer >= 2 (the trainer and this server), got {ws!r}"[:200]
+    if not _is_int(ro) or ro < 0 or ro + tp_size > ws:
+        return f"rank_offset: this server's {tp_size} rank(s) from {ro!r} do not fit a world of {ws}"[:200]
+    if not _is_int(port) or not 1 <= port <= 65535:
+        return f"master_port: expected 1 .. 65535, got {port!r}"[:200]
+    if ro > 0:
+        try:
+            socket.create_connection((obj.master_address, port), timeout=2).close()
+        except (OSError, ValueError) as e:
+            return (f"master_address: nothing answers at {obj.master_address}:{port} ({getattr(e, 'strerror', None) or e}); "
+                    "start the trainer's side of the group first")[:300]
+    return None
+
+
+async def checked_weight_group(original, tm, obj, *args, **kwargs):
+    """AROUND hook on `async TokenizerControlMixin.init_weights_update_group(self, obj, request)` -> (False, why)
+    (the route's 400) for a group that cannot form: the scheduler otherwise blocks in the group's rendezvous
+    (an NCCL group on the CPU server, or a master that does not exist, held it until the process timeout)."""
+    from sglang_dsv41.sglang.hooks import _on_our_cpu_platform
+
+    error = weight_group_error(obj, getattr(tm.server_args, "tp_size", 1) or 1, _on_our_cpu_platform())
+    if error:
+        return False, error
+    return await original(tm, obj, *args, **kwargs)
+
+
+def logging_request_error(obj: Any) -> str | None:
+    """A ConfigureLoggingReq SGLang's request logger and `logging` accept. SGLang stores the fields first and
+    validates on use: a `log_requests_level` of 99 was stored, then every later request's log raised in the
+    front end (health 503, then no answer at all)."""
+    level = getattr(obj, "log_requests_level", None)
+    if level is not None and (not _is_int(level) or level not in (0, 1, 2, 3)):
+        return f"log_requests_level: expected 0, 1, 2 or 3, got {level!r}"[:200]
+    fmt = getattr(obj, "log_requests_format", None)
+    if fmt is not None and fmt not in ("text", "json"):
+        return f"log_requests_format: expected 'text' or 'json', got {fmt!r}"[:200]
+    name = getattr(obj, "log_level", None)
+    if name is not None and (not isinstance(name, str) or not isinstance(logging.getLevelName(name.upper()), int)):
+        return f"log_level: expected a logging level name (debug, info, warning, error, critical), got {name!r}"[:200]
+    threshold = getattr(obj, "dump_requests_threshold", None)
+    if threshold is not None and (not _is_int(threshold) or threshold < 1):
+        return f"dump_requests_threshold: expected an integer >= 1, got {threshold!r}"[:200]
+    for field in ("dump_requests_folder", "crash_dump_folder"):
+        error = output_dir_error(getattr(obj, field, None))
+        if error:
+            return error.replace("output_dir", field, 1)
+    return None
+
+
+def checked_logging(original, tm, obj, *args, **kwargs):
+    """AROUND hook on `TokenizerManager.configure_logging(self, obj)`: a 400 before anything is stored."""
+    from fastapi import HTTPException
+
+    error = logging_request_error(obj)
+    if error:
+        raise HTTPException(status_code=400, detail=error)
+    return original(tm, obj, *args, **kwargs)
+
+
 async def refuse_memory_occupation_on_cpu(original, tm, obj, *args, **kwargs):
     """AROUND hook on `async TokenizerControlMixin.release_memory_occupation / resume_memory_occupation(self,
     obj, request)`: on our CPU platform a ValueError, which the route answers with a 400, before the scheduler
@@ -124,6 +223,8 @@ async def refuse_memory_occupation_on_cpu(original, tm, obj, *args, **kwargs):
     return await original(tm, obj, *args, **kwargs)
 
 
-__all__ = ["MEMORY_OCCUPATION_ON_CPU", "PROFILER_ACTIVITIES", "checked_profile", "output_dir_error",
-           "one_profile_at_a_time", "profile_request_error", "refuse_memory_occupation_on_cpu",
+__all__ = ["EXPERT_RECORDING", "MEMORY_OCCUPATION_ON_CPU", "PROFILER_ACTIVITIES", "checked_profile", "output_dir_error",
+           "one_profile_at_a_time", "profile_request_error", "refuse_expert_recording_when_off",
+           "refuse_memory_occupation_on_cpu", "checked_weight_group", "weight_group_error", "checked_logging",
+           "logging_request_error",
            "stop_profile_keeping_scheduler"]

@@ -142,6 +142,18 @@ HOOKS = (
     Hook("sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._profile",
          "AROUND hook (admin_endpoints.py): a start while a profile runs is refused (SGLang started a second "
          "profiler over the first)."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.start_expert_distribution_record",
+         "AROUND hook (admin_endpoints.py): a 400 without a recorder mode (the scheduler's no-op recorder raised)."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.stop_expert_distribution_record",
+         "AROUND hook (admin_endpoints.py): the same."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.dump_expert_distribution_record",
+         "AROUND hook (admin_endpoints.py): the same."),
+    Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.init_weights_update_group",
+         "AROUND hook (admin_endpoints.py): a weight-update group that cannot form is a 400 (the scheduler "
+         "blocked in its rendezvous)."),
+    Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
+         "AROUND hook (admin_endpoints.py): `/configure_logging` fields checked before SGLang stores them (a bad "
+         "log level made every later request fail)."),
     Hook("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._execute_profile",
          "AROUND hook (admin_endpoints.py): `/start_profile` fields checked before the scheduler (an unknown "
          "activity list killed it); SGLang's refusals become 400s instead of 500s."),
@@ -345,6 +357,23 @@ def raised_reading_body(exc: BaseException) -> bool:
     return False
 
 
+PARSER_ROUTES = ("parse_function_call_request", "separate_reasoning_request")
+"""Routes whose parser constructors raise ValueError for an unknown parser name outside the route's own
+try (`/parse_function_call`'s tool_call_parser, `/separate_reasoning`'s reasoning_parser): a 400, not a 500."""
+
+
+def raised_choosing_parser(exc: BaseException) -> bool:
+    """True for a ValueError raised inside one of PARSER_ROUTES."""
+    if not isinstance(exc, ValueError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in PARSER_ROUTES:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def raised_building_vertex_request(exc: BaseException) -> bool:
     """True when `exc` escaped from `/vertex_generate` while it built SGLang's request from the body's
     `parameters` (`GenerateReqInput(**parameters)`: an unknown key is a TypeError, a bad combination a
@@ -391,6 +420,8 @@ def add_error_handlers(*args, **kwargs):
         # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server log keeps the traceback.
         if raised_reading_body(exc):
             return error(request, 400, f"the request body has a field of the wrong type ({type(exc).__name__}: {exc})")
+        if raised_choosing_parser(exc):
+            return error(request, 400, str(exc)[:300])
         if raised_building_vertex_request(exc):
             return error(request, 400, f"parameters: {str(exc).removeprefix('GenerateReqInput.__init__() ')}"[:300])
         return error(request, 500, "Internal server error")
@@ -429,6 +460,9 @@ def _install_request_validation() -> None:
     for suffix in (".release_memory_occupation", ".resume_memory_occupation"):
         _register(suffix, admin_endpoints.refuse_memory_occupation_on_cpu, "AROUND")
     _register("._execute_profile", admin_endpoints.checked_profile, "AROUND")
+    _register(".init_weights_update_group", admin_endpoints.checked_weight_group, "AROUND")
+    _register(".configure_logging", admin_endpoints.checked_logging, "AROUND")
+    _register("_expert_distribution_record", admin_endpoints.refuse_expert_recording_when_off, "AROUND")
 
 
 def _install_admission_check() -> None:

@@ -70,6 +70,11 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          "not transferred)", getattr(cfg, "disaggregation_mode", "null") not in (None, "null")),
         ("--enable-lora", "LoRA adapters are not implemented by sglang-dsv41 yet",
          bool(getattr(cfg, "enable_lora", False)) or bool(getattr(cfg, "lora_paths", None))),
+        ("--expert-distribution-recorder-mode", "DeepSeek-V4.1's MoE does not report to SGLang's expert recorder "
+         "(per-token routed experts: --enable-return-routed-experts)",
+         getattr(cfg, "expert_distribution_recorder_mode", None) is not None),
+        ("--enable-eplb", "EPLB needs SGLang's expert recorder, which DeepSeek-V4.1's MoE does not report to",
+         bool(getattr(cfg, "enable_eplb", False))),
     ]
     return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg)
 
