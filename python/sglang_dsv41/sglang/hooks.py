@@ -457,12 +457,14 @@ def _install_request_validation() -> None:
     _register("._validate_one_request", check_tokenized, "AFTER")
     _register("._tokenize_texts", tokenize_texts, "AROUND")
     _register("._setup_and_run_http_server", add_error_handlers, "BEFORE")
-    for suffix in (".release_memory_occupation", ".resume_memory_occupation"):
-        _register(suffix, admin_endpoints.refuse_memory_occupation_on_cpu, "AROUND")
-    _register("._execute_profile", admin_endpoints.checked_profile, "AROUND")
-    _register(".init_weights_update_group", admin_endpoints.checked_weight_group, "AROUND")
-    _register(".configure_logging", admin_endpoints.checked_logging, "AROUND")
-    _register("_expert_distribution_record", admin_endpoints.refuse_expert_recording_when_off, "AROUND")
+    admin = {".release_memory_occupation": admin_endpoints.refuse_memory_occupation_on_cpu,
+             ".resume_memory_occupation": admin_endpoints.refuse_memory_occupation_on_cpu,
+             "._execute_profile": admin_endpoints.checked_profile,
+             ".init_weights_update_group": admin_endpoints.checked_weight_group,
+             ".configure_logging": admin_endpoints.checked_logging,
+             "_expert_distribution_record": admin_endpoints.refuse_expert_recording_when_off}
+    for suffix, fn in admin.items():  # front-end AROUND hooks of the admin routes (admin_endpoints.py)
+        _register(suffix, fn, "AROUND")
 
 
 def _install_admission_check() -> None:
