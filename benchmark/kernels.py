@@ -117,14 +117,13 @@ def timed(name, shape, op, args, nbytes, flops, twin=True, note="", twin_rep=20,
     """`args` is one argument tuple, or (with `sets`) a list of tuples rotated inside the graph. eager: time
     host launches instead of a graph (prefill paths that a graph capture would not take)."""
     arg_sets = sets or [args]
-    try:
-        if eager:
-            raise RuntimeError("eager timing asked for")
-        t = bench_graph([lambda a=a: op.triton(*a, **kw) for a in arg_sets])
-    except Exception as e:  # noqa: BLE001 - e.g. not capturable: time with host launches
-        if not eager:
+    t = bench(lambda: op.triton(*args, **kw)) if eager else None
+    if t is None:
+        try:
+            t = bench_graph([lambda a=a: op.triton(*a, **kw) for a in arg_sets])
+        except Exception as e:  # noqa: BLE001 - e.g. not capturable: time with host launches
             print(f"  ({name}: graph capture failed, {type(e).__name__}; timing eager)", flush=True)
-        t = bench(lambda: op.triton(*args, **kw))
+            t = bench(lambda: op.triton(*args, **kw))
     tt = bench(lambda: op.torch(*args), rep=twin_rep) if twin else None
     record(name, shape, t, nbytes, flops, tt, note)
     return t

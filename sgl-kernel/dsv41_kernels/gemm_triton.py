@@ -350,10 +350,10 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.size(0)
+    if n and config is None and m >= PREFILL_ROWS and bf16_path_allowed(x.device):
+        return _bf16_mm(x2, w, sw, n, k, fp4).reshape(*lead, n)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m and n:
-        if config is None and m >= PREFILL_ROWS and bf16_path_allowed(x.device):
-            return _bf16_mm(x2, w, sw, n, k, fp4).reshape(*lead, n)
         q, sa = mxfp8_quant_t(x2)
         config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:

@@ -209,17 +209,17 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     hid = 2 * hk
     assert x.shape == (t, hid) and w2.shape == (n_exp, hid, inter // 2), (x.shape, w1.shape, w2.shape)
     assert inter % 32 == 0 and hid % 32 == 0
-    out = torch.empty(t, k, hid, dtype=torch.bfloat16, device=x.device)
     rows = t * k
+    w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
+    s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
+    assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
+    if rows and config is None and bf16_prefill(rows, n_exp, x.device):  # many pairs per expert: bf16 tensor cores
+        return moe_experts_bf16(x, ids, weights, w1, s1, w3, s3, w2, s2, limit)
+    out = torch.empty(t, k, hid, dtype=torch.bfloat16, device=x.device)
     if rows == 0:
         return out
     bm, bn1, bn2, warps, stages, *swap = config or pick_config(rows)
     swap = bool(swap and swap[0])
-    w1, w3, w2 = (w.view(torch.uint8) for w in (w1, w3, w2))
-    s1, s3, s2 = (s.view(torch.uint8) for s in (s1, s3, s2))
-    assert w1.stride() == w3.stride() and s1.stride() == s3.stride() and w1.stride(-1) == 1 and s1.stride(-1) == 1
-    if config is None and bf16_prefill(rows, n_exp, x.device):  # many pairs per expert: bf16 tensor cores
-        return moe_experts_bf16(x, ids, weights, w1, s1, w3, s3, w2, s2, limit)
     perm, wt, te, first, end = routing_tiles(ids, weights, n_exp, bm)
     qx, sx = mxfp8_quant_t(x.contiguous())
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)

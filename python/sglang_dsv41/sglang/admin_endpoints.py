@@ -33,6 +33,8 @@ import os
 import tempfile
 from typing import Any
 
+from sglang_dsv41.sglang.validation import _is_int
+
 logger = logging.getLogger(__name__)
 
 PROFILER_ACTIVITIES = ("CPU", "GPU", "MEM", "CUDA_PROFILER", "RPD", "XPU")
@@ -41,10 +43,6 @@ names reached torch's profiler empty)."""
 
 MEMORY_OCCUPATION_ON_CPU = ("the CPU platform has no device memory to release or resume (SGLang's memory "
                             "occupation endpoints free GPU memory for colocated training)")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def output_dir_error(path: Any) -> str | None:
