@@ -57,7 +57,7 @@ def _group(**kw):
 
 
 @pytest.mark.parametrize("kw, tp, cpu, fragment", [
-    (dict(backend="nccl"), 1, True, "needs a GPU"),
+    (dict(backend="nccl"), 1, True, "not available on the CPU platform"),
     (dict(world_size=1), 1, False, "world_size"),
     (dict(rank_offset=2), 1, False, "rank_offset"),
     (dict(rank_offset=1, world_size=2), 2, False, "rank_offset"),  # two TP ranks from 1 need a world of 3

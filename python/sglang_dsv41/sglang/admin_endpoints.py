@@ -148,7 +148,7 @@ def weight_group_error(obj: Any, tp_size: int, cpu_platform: bool) -> str | None
 
     backend = getattr(obj, "backend", "nccl")
     if cpu_platform and backend != "gloo":
-        return f"backend: {backend!r} needs a GPU; a CPU server joins a weight-update group with 'gloo'"[:200]
+        return f"backend: {backend!r} is not available on the CPU platform; a CPU server joins a weight-update group with 'gloo'"[:200]
     ws, ro, port = obj.world_size, obj.rank_offset, obj.master_port
     if not _is_int(ws) or ws < 2:
         return f"world_size: expected an integer >= 2 (the trainer and this server), got {ws!r}"[:200]
