@@ -10,7 +10,9 @@ count are replaced by fixed-shape ones (docs/numerics.md, "Deterministic mode"):
       the row count, and the split partials are combined in a different order), nor runs the prefill
       library-GEMM path (`dsv41_kernels.attention_prefill`);
   FP8 / MXFP4 GEMMs and the grouped MoE  never take the bf16 prefill path (`dsv41_kernels.dequant_triton`:
-      library bf16 GEMMs over exact bf16 operands, whose addition order depends on the call's size).
+      library bf16 GEMMs over exact bf16 operands, whose addition order depends on the call's size),
+      nor split K at decode (`gemm_triton.fold_config`, `moe_triton.split_counts`: the chunk count,
+      hence the fp32 addition points, depends on the call's row count).
 Everything else is batch-invariant by construction (row-wise Triton kernels with fixed orders, the
 fp32 GEMMs `fp32_linear`: `row_tiled` 64-row tiles, or on the GPU the kernel's M-independent order).
 Read at every call, like SGLANG_DSV41_TORCH_OPS; a captured decode graph

@@ -15,8 +15,11 @@ Two kernels per call, the structure of the twins (`dsv41_kernels.gemm`, docs/num
    W4A8: packed E2M1 nibbles (low = even element) become E4M3 bytes of the value times 2**-6 in
    registers (four bit operations per 4 bytes, `e2m1_block_e4m3`), then the same fp8 dot; the 2**6
    goes into the activation scale (exact, so the bits are those of an unshifted conversion).
-No split-K and the same per-element arithmetic in every tile config: an output element depends only
-on its own row of x and column of w (batch invariant). The only difference from the twin is the
+The same per-element arithmetic in every tile config and in the ordered split-K (`_block_partials_kernel`
+writes each block's scaled partial, `_ordered_sum_kernel` adds them in K order): an output element depends
+only on its own row of x and column of w (batch invariant). Outside deterministic mode, decode calls (up
+to FOLD_ROWS rows) run the folded split-K instead: K-order sums over chunks of blocks, then the chunk sums
+in order, so a row's bits depend on its call's chunk count (docs/numerics.md, "Decode GEMMs"). The only difference from the twin is the
 32-term partial: the twin adds the 32 exact products one by one in K order in fp32 (DeepSeek's CPU
 reference order), the tensor core in its own internal order and width, like DeepSeek's GPU kernel
 (test/kernels/test_gemm_gpu.py states the bound). Reproducing the sequential order here would take
@@ -32,6 +35,7 @@ import triton.language as tl
 from dsv41_kernels.dequant_triton import bf16_path_allowed, fp4_weight_bf16, fp8_weight_bf16, mxfp8_qdq
 from dsv41_kernels.gemm import fp4_linear, fp8_linear
 from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
+from sglang_dsv41.determinism import deterministic
 
 BLOCK = 32  # MX group along K (activations and weights)
 
@@ -213,13 +217,15 @@ def _scaled_mm_kernel(
 
 @triton.jit
 def _block_partials_kernel(
-    q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K,
-    FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, SWAP: tl.constexpr,
+    q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS,
+    FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr, FOLD: tl.constexpr,
 ):
-    """Ordered split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..)
-    writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] * sw[n, kb]) - the exact
-    scaled partial `_scaled_mm_kernel` adds (power-of-two scales). Operands as in `_scaled_mm_kernel`;
-    the next block's scales are loaded one block ahead.
+    """Split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..).
+    Ordered (FOLD False): writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] *
+    sw[n, kb]) - the exact scaled partial `_scaled_mm_kernel` adds (power-of-two scales).
+    FOLD (fast mode): adds its KS scaled partials in K order from +0 (acc = fma(p, s, acc), the one-pass
+    kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N].
+    Operands as in `_scaled_mm_kernel`; the next block's scales are loaded one block ahead.
     SWAP: the weight rows are the MMA's M side (BN >= 64), the few activation rows its N side."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -229,18 +235,31 @@ def _block_partials_kernel(
     m_ok, n_ok = rm < M, rn < N
     a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
     sa, sw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, pid_k * KS, KB)
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
     for i in range(KS):
         kb = pid_k * KS + i
         k_ok = kb < KB
         nsa, nsw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb + 1, KB)
         p, s = _block_partial(a_row, w_row, kb, m_ok & k_ok, n_ok & k_ok, sa, sw, FP4, SWAP)
-        part = p * s
-        base = p_ptr + kb.to(tl.int64) * M * N
-        if SWAP:  # [BN, BM]
-            tl.store(base + rm[None, :] * N + rn[:, None], part, mask=n_ok[:, None] & m_ok[None, :] & k_ok)
-        else:  # [BM, BN]
-            tl.store(base + rm[:, None] * N + rn[None, :], part, mask=m_ok[:, None] & n_ok[None, :] & k_ok)
+        if FOLD:
+            acc = tl.fma(p, s, acc)  # a block past the last adds fma(+0, +0, acc)
+        else:
+            _store_partial(p_ptr + kb.to(tl.int64) * M * N, p * s, rm, rn, m_ok, n_ok & k_ok, N, SWAP)
         sa, sw = nsa, nsw
+    if FOLD:
+        _store_partial(p_ptr + pid_k.to(tl.int64) * M * N, acc, rm, rn, m_ok, n_ok, N, SWAP)
+
+
+@triton.jit
+def _store_partial(base, part, rm, rn, m_ok, n_ok, N, SWAP: tl.constexpr):
+    """fp32 partial [BN, BM] (SWAP) or [BM, BN] -> base[m * N + n] (one [M, N] slice of P)."""
+    if SWAP:
+        tl.store(base + rm[None, :] * N + rn[:, None], part, mask=n_ok[:, None] & m_ok[None, :])
+    else:
+        tl.store(base + rm[:, None] * N + rn[None, :], part, mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -279,19 +298,49 @@ def _sm_count(device) -> int:
 
 SPLIT_ROWS = 16
 SPLIT_MAX_N = 2304
-"""Up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two passes); else
-`_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decode-step-sweep.md: 1.1-1.2x for wq_a / wkv,
-1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the partials cost more HBM
-traffic than they save (benchmark/results/2026-12-02-h200-decode-gemm.md: the one-pass SWAP tiles win there)."""
+"""Deterministic mode: up to SPLIT_ROWS rows and SPLIT_MAX_N outputs a GEMM runs the ordered split-K (two
+passes); else `_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decode-step-sweep.md: 1.1-1.2x for
+wq_a / wkv, 1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the partials cost
+more HBM traffic than they save (benchmark/results/2026-12-02-h200-decode-gemm.md: the one-pass SWAP tiles
+win there)."""
+FOLD_ROWS = 16
+FOLD_PROGRAMS_PER_SM = 4
+FOLD_TRAFFIC = 0.125
+"""Fast mode (not deterministic): up to FOLD_ROWS rows a GEMM with fewer weight tiles than
+FOLD_PROGRAMS_PER_SM / 2 per SM runs the folded split-K: each program sums its chunk of K blocks in K order,
+the chunk sums are added in chunk order (`_block_partials_kernel` FOLD, `_ordered_sum_kernel`). The chunk
+count aims at FOLD_PROGRAMS_PER_SM programs per SM, capped so that the fp32 chunk sums (written and read
+once) stay under FOLD_TRAFFIC of the weight bytes. A row's bits then depend on the chunk count, i.e. on
+its call's row count (docs/numerics.md, "Decode GEMMs"). H200 (benchmark/results/2026-12-02-h200-decode-split.md):
+1.3-2.0x the deterministic config at 1 and 8 rows for wq_a, wkv, wo_b and the shared expert; 0.9x for
+wq_b (512 weight tiles: nothing to gain), 0.4-0.9x at 64 rows (the cap leaves one chunk)."""
 
 
-def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False) -> tuple:
+def fold_config(m: int, n: int, k: int, device, fp4: bool = False) -> tuple | None:
+    """The folded split-K config (BM, 64, 4 warps, 4 stages, KS, SWAP, FOLD) for m <= FOLD_ROWS rows, or None
+    where it would not split K into more than 2 chunks."""
+    kb, bn = k // BLOCK, 64
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    want = triton.cdiv(FOLD_PROGRAMS_PER_SM * _sm_count(device), triton.cdiv(n, bn))
+    cap = int(FOLD_TRAFFIC * k * (0.5 if fp4 else 1.0) / (8 * max(m, 1)))  # chunks * m * n * 4 B * 2 vs n * k B
+    chunks = max(1, min(want, cap, kb))
+    return (bm, bn, 4, 4, triton.cdiv(kb, chunks), True, True) if chunks > 2 else None
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False, fast: bool | None = None) -> tuple:
     """(BM, BN, num_warps, num_stages) for `_scaled_mm_kernel`, (BM, BN, num_warps, num_stages, 0, SWAP)
-    for it with SWAP tiles, or (BM, BN, num_warps, num_stages, KS, SWAP) with KS > 0 for the ordered
-    split-K of decode rows (KS K blocks per program, about 8 programs per SM). From the H200 sweeps
-    (benchmark/results/2026-12-02-h200-decode-gemm.md; prefill sizes: the gemm variant rows). The
-    per-block partial is one warpgroup MMA in every config, and the K-order adds are the same, so
-    configs give the same bits (test_gemm_gpu.py checks configs and batch invariance bitwise)."""
+    for it with SWAP tiles, (BM, BN, num_warps, num_stages, KS, SWAP) with KS > 0 for the ordered
+    split-K of decode rows (KS K blocks per program, about 8 programs per SM), or the same plus FOLD = True
+    for the folded split-K (`fold_config`). fast (default: not deterministic mode) allows the folded
+    split-K up to FOLD_ROWS rows. From the H200 sweeps (benchmark/results/2026-12-02-h200-decode-gemm.md;
+    prefill sizes: the gemm variant rows). Outside FOLD the per-block partial is one warpgroup MMA in every
+    config, and the K-order adds are the same, so those configs give the same bits (test_gemm_gpu.py
+    checks configs and batch invariance bitwise)."""
+    if fast is None:
+        fast = not deterministic()
+    fold = fold_config(m, n, k, device, fp4) if fast and m <= FOLD_ROWS else None
+    if fold:
+        return fold
     if m <= SPLIT_ROWS and n <= SPLIT_MAX_N:  # too few one-pass tiles for the SMs: split K, ~8 programs / SM
         bn = 64
         ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * _sm_count(device)))
@@ -308,15 +357,17 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False)
     return 64, 128, 4, 4
 
 
-def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap):
-    """Ordered split-K: P [K/32, M, N] fp32 of exact scaled block partials, then their K-order sum."""
+def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):
+    """Split-K: P [K/32, M, N] fp32 of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N]
+    chunk sums), then their sum in K order."""
     kb = k // BLOCK
-    part = torch.empty(kb, m, n, dtype=torch.float32, device=q.device)
+    parts = triton.cdiv(kb, ks) if fold else kb
+    part = torch.empty(parts, m, n, dtype=torch.float32, device=q.device)
     _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
-        q, sa, w, w_rs, sw, sw.stride(0), part, m, n, k,
-        FP4=fp4, BM=bm, BN=bn, KS=ks, SWAP=swap, num_warps=warps, num_stages=stages)
+        q, sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks,
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages)
     block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
-    _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, kb, BLOCK=block, num_warps=4)
+    _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block, num_warps=4)
 
 
 def _prefetch(bm: int, bn: int, swap: bool, fp4: bool) -> bool:
@@ -358,12 +409,12 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
         config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:
             sw = sw.view(torch.uint8)
-        if len(config) == 6 and config[4] > 0:
+        if len(config) >= 6 and config[4] > 0:
             assert m <= config[0], f"split-K config {config} takes at most {config[0]} rows (got {m})"
             _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, *config)
             return out.reshape(*lead, n)
         bm, bn, warps, stages = config[:4]
-        swap = bool(config[5]) if len(config) == 6 else False
+        swap = bool(config[5]) if len(config) >= 6 else False
         kb = k // BLOCK
         sub = 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
@@ -401,4 +452,4 @@ def fp4_linear_triton(x, w_packed, w_scale, config: tuple | None = None):
     return _scaled_mm(x, w_packed, w_packed.stride(0), w_scale, n, k, True, config)
 
 
-__all__ = ["PREFILL_ROWS", "SPLIT_ROWS", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]
+__all__ = ["FOLD_ROWS", "PREFILL_ROWS", "SPLIT_ROWS", "fold_config", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]

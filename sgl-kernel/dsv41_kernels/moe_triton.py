@@ -17,6 +17,9 @@ Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block
 Tiles: [BM pairs x BN weight rows]. SWAP (decode, `pick_config`) makes the weight rows the MMA's M
   side and the BM = 16 pairs its N side, so that a tile of a few pairs does not pay for 64 padded rows
   in the MMA, the scale multiply and the address math; the products and the K-order adds are the same.
+K split (fast mode only, decode; `split_counts`): grid axis 2 cuts K into runs of whole SUB blocks, each
+program writes its fp32 K-order sum, and `_moe_fold_kernel` adds the runs in order before the same
+epilogue. Deterministic mode never splits, so there a row's bits do not depend on its call.
 Numerics against the twin: the fp8 tensor-core partials (tolerance of gemm_triton), and silu from
 Triton's exp; nothing depends on which other rows share a tile (batch invariant for a fixed config).
 """
@@ -27,10 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, e2m1_block_e4m3, mxfp8_quant_t
+from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, _sm_count, e2m1_block_e4m3, mxfp8_quant_t
 from dsv41_kernels.moe import moe_combine, moe_experts
 from dsv41_kernels.moe_prefill import bf16_prefill, moe_experts_bf16, sorted_pairs
 from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
+from sglang_dsv41.determinism import deterministic
 
 
 @triton.jit
@@ -64,9 +68,9 @@ def _scale_word(s_row, kb, ok, KB):
 def _moe_gemm_kernel(
     a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
     w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
-    out_ptr, os_ptr, os_rs, N, K, TOPK, limit,
+    out_ptr, os_ptr, os_rs, N, K, TOPK, limit, part_ptr, R, KSB,
     STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr,
-    PACKED: tl.constexpr,
+    PACKED: tl.constexpr, KSPLIT: tl.constexpr,
 ):
     """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
     w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
@@ -76,7 +80,10 @@ def _moe_gemm_kernel(
     4-byte aligned): each weight row's 4 scale bytes of an iteration are one 32-bit load issued an
     iteration ahead (the loads Triton does not pipeline otherwise stall every block for a memory
     latency; decoded fp32 scales carried ahead cost too many registers, and so did carrying the
-    activation scales ahead: 0.87-0.94x on the H200)."""
+    activation scales ahead: 0.87-0.94x on the H200).
+    KSPLIT (fast-mode decode, grid axis 2 = K split c): only K blocks [c * KSB, (c + 1) * KSB) (KSB % SUB == 0),
+    and the fp32 sums go to part [S, R, N] (STAGE1: [S, R, 2N], g then u) at row p; `_moe_fold_kernel`
+    adds the splits in order and runs the epilogue."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_e_ptr + pid_t)
@@ -107,12 +114,18 @@ def _moe_gemm_kernel(
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc2 = tl.zeros([BM, BN], dtype=tl.float32)
     KB = K // 32
+    if KSPLIT:
+        k_lo = tl.program_id(2) * KSB
+        k_hi = tl.minimum(k_lo + KSB, KB)
+    else:
+        k_lo = 0
+        k_hi = KB
     if PACKED:  # the 4 weight-scale bytes of an iteration as one word per row, loaded an iteration ahead
-        wsc = _scale_word(sw_row, 0, n_ok, KB)
+        wsc = _scale_word(sw_row, k_lo, n_ok, KB)
         vsc = wsc
         if STAGE1:
-            vsc = _scale_word(sv_row, 0, n_ok, KB)
-    for kb0 in range(0, KB, SUB):
+            vsc = _scale_word(sv_row, k_lo, n_ok, KB)
+    for kb0 in range(k_lo, k_hi, SUB):
         if PACKED:
             nwsc = _scale_word(sw_row, kb0 + 4, n_ok, KB)
             nvsc = nwsc
@@ -138,29 +151,70 @@ def _moe_gemm_kernel(
     if SWAP:
         acc = tl.trans(acc)
         acc2 = tl.trans(acc2)
-    if STAGE1:
-        g = bf16_round(acc)
-        u = bf16_round(acc2)
-        if limit > 0:
-            u = tl.where(u < -limit, -limit, tl.where(u > limit, limit, u))
-            g = tl.where(g > limit, limit, g)
-        h = g / (1.0 + tl.exp(-g)) * u
-        wt = tl.load(rw_ptr + r, mask=m_ok, other=0.0)
-        h = bf16_round(wt[:, None] * h)
-        hg = tl.reshape(h, [BM, BN // 32, 32])
-        amax = tl.reduce(tl.abs(hg), 2, max_nan, keep_dims=True)
-        amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
-        s = ue8m0_ceil(amax * (1.0 / 448.0))
-        q = e4m3_byte(hg * tl.math.div_rn(1.0, s))
-        q = tl.reshape(q, [BM, BN]).to(tl.uint8)
-        tl.store(out_ptr + rp.to(tl.int64)[:, None] * N + rn[None, :], q, mask=m_ok[:, None] & n_ok[None, :])
-        gcol = pid_n * (BN // 32) + tl.arange(0, BN // 32)
-        s2 = tl.reshape(s, [BM, BN // 32])
-        tl.store(os_ptr + gcol.to(tl.int64)[None, :] * os_rs + rp[:, None], s2,
-                 mask=m_ok[:, None] & (gcol < N // 32)[None, :])
+    if KSPLIT:
+        NT = 2 * N if STAGE1 else N
+        dst = part_ptr + (tl.program_id(2).to(tl.int64) * R + rp.to(tl.int64)[:, None]) * NT + rn[None, :]
+        tl.store(dst, acc, mask=m_ok[:, None] & n_ok[None, :])
+        if STAGE1:
+            tl.store(dst + N, acc2, mask=m_ok[:, None] & n_ok[None, :])
+    elif STAGE1:
+        _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
     else:
-        out = bf16_round(acc).to(tl.bfloat16)
-        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16),
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit,
+                  BM: tl.constexpr, BN: tl.constexpr):
+    """Stage-1 epilogue of fp32 g = acc, u = acc2 [BM, BN] (rows p = rp, pairs r, columns rn = pid_n * BN..):
+    bf16 g and u, SwiGLU with the clamp, routing weight, bf16 h, h's MXFP8 quant per 32 columns -> out
+    uint8 [R, N] at row p, scales fp32 [N/32, os_rs] at column p."""
+    g = bf16_round(acc)
+    u = bf16_round(acc2)
+    if limit > 0:
+        u = tl.where(u < -limit, -limit, tl.where(u > limit, limit, u))
+        g = tl.where(g > limit, limit, g)
+    h = g / (1.0 + tl.exp(-g)) * u
+    wt = tl.load(rw_ptr + r, mask=m_ok, other=0.0)
+    h = bf16_round(wt[:, None] * h)
+    hg = tl.reshape(h, [BM, BN // 32, 32])
+    amax = tl.reduce(tl.abs(hg), 2, max_nan, keep_dims=True)
+    amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
+    s = ue8m0_ceil(amax * (1.0 / 448.0))
+    q = e4m3_byte(hg * tl.math.div_rn(1.0, s))
+    q = tl.reshape(q, [BM, BN]).to(tl.uint8)
+    tl.store(out_ptr + rp.to(tl.int64)[:, None] * N + rn[None, :], q, mask=m_ok[:, None] & n_ok[None, :])
+    gcol = pid_n * (BN // 32) + tl.arange(0, BN // 32)
+    s2 = tl.reshape(s, [BM, BN // 32])
+    tl.store(os_ptr + gcol.to(tl.int64)[None, :] * os_rs + rp[:, None], s2,
+             mask=m_ok[:, None] & (gcol < N // 32)[None, :])
+
+
+@triton.jit
+def _moe_fold_kernel(part_ptr, S, R, N, perm_ptr, rw_ptr, out_ptr, os_ptr, os_rs, limit,
+                     STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The K splits of `_moe_gemm_kernel` (KSPLIT) added in split order from +0, then its epilogue: rows p
+    [BM] x columns [BN] of part [S, R, N] (STAGE1: [S, R, 2N], g | u)."""
+    rp = tl.program_id(0) * BM + tl.arange(0, BM)
+    pid_n = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = rp < R, rn < N
+    r = tl.load(perm_ptr + rp, mask=m_ok, other=0)
+    NT = 2 * N if STAGE1 else N
+    src = part_ptr + rp.to(tl.int64)[:, None] * NT + rn[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in range(S):
+        acc = acc + tl.load(src, mask=ok, other=0.0)
+        if STAGE1:
+            acc2 = acc2 + tl.load(src + N, mask=ok, other=0.0)
+        src += R * NT
+    if STAGE1:
+        _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
+    else:
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16), mask=ok)
 
 
 def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: int):
@@ -182,6 +236,11 @@ DECODE_ROWS = 512
 """Up to this many (token, expert) pairs a call runs SWAP tiles: on the H200 2.0-2.9x faster than the
 one-pass [64 pairs x 32 weight rows] tiles at 1 / 8 / 64 tokens, same bits
 (benchmark/results/2026-12-02-h200-decode-step-sweep.md)."""
+SPLIT_PROGRAMS_PER_SM = 8
+"""Fast mode (not deterministic), decode: each GEMM's K is split so that its busy programs (tiles of
+experts that have pairs x weight-row tiles) reach about this many per SM (`split_counts`). H200, 16
+experts (benchmark/results/2026-12-02-h200-decode-split.md): 1.04-1.14x the unsplit call at 1, 8 and 64
+tokens for 2-5 splits per GEMM, slower from 8 splits."""
 
 
 def pick_config(rows: int) -> tuple[int, int, int, int, int, bool]:
@@ -194,16 +253,49 @@ def pick_config(rows: int) -> tuple[int, int, int, int, int, bool]:
     return 64, 32, 32, 4, 4, False
 
 
+def split_counts(rows: int, n_exp: int, inter: int, hid: int, bm: int, bn1: int, bn2: int, device) -> tuple[int, int]:
+    """K splits (stage 1, stage 2) of a fast-mode decode call: busy tiles are at most min(rows, experts)
+    (+ one per expert boundary inside a tile); splits of whole SUB = 4 blocks, at least 8 blocks each."""
+    busy = min(rows, n_exp, triton.cdiv(rows, bm) + n_exp)
+    target = SPLIT_PROGRAMS_PER_SM * _sm_count(device)
+    s1 = triton.cdiv(target, busy * triton.cdiv(inter, bn1))
+    s2 = triton.cdiv(target, busy * triton.cdiv(hid, bn2))
+    return max(1, min(s1, hid // 32 // 8)), max(1, min(s2, inter // 32 // 8))
+
+
 def _word_rows(scales: torch.Tensor) -> bool:
     """Whether every row of an expert scale tensor [E, N, K/32] starts 4-byte aligned (`_scale_word`)."""
     return scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0
 
 
+def _sub(kb: int) -> int:
+    return 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
+
+
+def _gemm(args, tiles, n, k, bm, bn, warps, stages, swap, packed, splits, stage1, part_rows, fold):
+    """One `_moe_gemm_kernel` launch (K split in `splits` runs of whole SUB blocks when > 1, then
+    `_moe_fold_kernel`). args: the kernel's arguments up to `limit`; fold: (perm, rw, out, os, os_rs, limit)."""
+    kb, sub = k // 32, _sub(k // 32)
+    ksb = triton.cdiv(triton.cdiv(kb, splits), sub) * sub
+    splits = triton.cdiv(kb, ksb)
+    dev = args[0].device
+    part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=dev) if splits > 1 else args[0]
+    grid = (tiles, triton.cdiv(n, bn)) + ((splits,) if splits > 1 else ())
+    _moe_gemm_kernel[grid](*args, part, part_rows, ksb, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
+                           PACKED=packed and sub == 4, KSPLIT=splits > 1, num_warps=warps, num_stages=stages)
+    if splits > 1:
+        perm, rw, out, os_, os_rs, limit = fold
+        fbm, fbn = 16, 64 if stage1 else 128
+        _moe_fold_kernel[(triton.cdiv(part_rows, fbm), triton.cdiv(n, fbn))](
+            part, splits, part_rows, n, perm, rw, out, os_, os_rs, limit, STAGE1=stage1, BM=fbm, BN=fbn, num_warps=4)
+
+
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
-    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP]) overrides
-    pick_config (SWAP defaults to False). Without a config, calls with many pairs per expert run the
-    bf16 prefill path (`moe_prefill.bf16_prefill`)."""
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP[, S1, S2]]) overrides
+    pick_config (SWAP defaults to False; S1 / S2: K splits of the two GEMMs, default 1). Without a config,
+    calls with many pairs per expert run the bf16 prefill path (`moe_prefill.bf16_prefill`), and decode
+    calls outside deterministic mode split K (`split_counts`; a row's bits then depend on the split)."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -218,28 +310,25 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     out = torch.empty(t, k, hid, dtype=torch.bfloat16, device=x.device)
     if rows == 0:
         return out
-    bm, bn1, bn2, warps, stages, *swap = config or pick_config(rows)
-    swap = bool(swap and swap[0])
+    if config is None:
+        config = pick_config(rows)
+        if config[5] and not deterministic():
+            config = config + split_counts(rows, n_exp, inter, hid, *config[:3], x.device)
+    bm, bn1, bn2, warps, stages, *rest = config
+    swap = bool(rest and rest[0])
+    sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
     perm, wt, te, first, end = routing_tiles(ids, weights, n_exp, bm)
     qx, sx = mxfp8_quant_t(x.contiguous())
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
     sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)
     tiles = te.numel()
     packed = swap and all(_word_rows(sc) for sc in (s1, s3, s2))
-    hk_sub = 4 if (hid // 32) % 4 == 0 else 2 if (hid // 32) % 2 == 0 else 1
-    _moe_gemm_kernel[(tiles, triton.cdiv(inter, bn1))](
-        qx, sx, t, perm, te, first, end, n_exp,
-        w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0), s1.stride(1), wt,
-        qh, sh, rows, inter, hid, k, float(limit),
-        STAGE1=True, BM=bm, BN=bn1, SUB=hk_sub, SWAP=swap, PACKED=packed and hk_sub == 4,
-        num_warps=warps, num_stages=stages)
-    i_sub = 4 if (inter // 32) % 4 == 0 else 2 if (inter // 32) % 2 == 0 else 1
-    _moe_gemm_kernel[(tiles, triton.cdiv(hid, bn2))](
-        qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp,
-        w2, w2, w2.stride(0), w2.stride(1), s2, s2, s2.stride(0), s2.stride(1), wt,
-        out, sh, rows, hid, inter, k, float(limit),
-        STAGE1=False, BM=bm, BN=bn2, SUB=i_sub, SWAP=swap, PACKED=packed and i_sub == 4,
-        num_warps=warps, num_stages=stages)
+    _gemm((qx, sx, t, perm, te, first, end, n_exp, w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0),
+           s1.stride(1), wt, qh, sh, rows, inter, hid, k, float(limit)),
+          tiles, inter, hid, bm, bn1, warps, stages, swap, packed, sp1, True, rows, (perm, wt, qh, sh, rows, float(limit)))
+    _gemm((qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp, w2, w2, w2.stride(0), w2.stride(1),
+           s2, s2, s2.stride(0), s2.stride(1), wt, out, sh, rows, hid, inter, k, float(limit)),
+          tiles, hid, inter, bm, bn2, warps, stages, swap, packed, sp2, False, rows, (perm, wt, out, sh, rows, float(limit)))
     return out
 
 
@@ -280,4 +369,4 @@ def moe_combine_triton(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tens
     return out
 
 
-__all__ = ["DECODE_ROWS", "moe_combine_triton", "moe_experts_triton", "pick_config", "routing_tiles"]
+__all__ = ["DECODE_ROWS", "moe_combine_triton", "moe_experts_triton", "pick_config", "routing_tiles", "split_counts"]

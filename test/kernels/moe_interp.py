@@ -1,5 +1,5 @@
 """Runs the grouped MoE, its combine and RMSNorm Triton kernels through Triton's CPU interpreter on small
-cases against their twins, and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
+cases against their twins (also with K split in 2-5 runs, fast-mode decode), and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
 split-K; 1, 2 and 4 K blocks per iteration) against each other, bit for bit; prints 'PASS name' /
 'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
 
@@ -28,12 +28,19 @@ def main() -> int:
         args = build_moe(9, 3, 5, 128, 96, seed=1)
         from dsv41_kernels.moe_triton import moe_experts_triton
 
-        got = ops.moe_experts.triton(*args, 10.0)
-        assert_moe_close(got, ops.moe_experts.torch(*args, 10.0))
+        want = ops.moe_experts.torch(*args, 10.0)
+        got = moe_experts_triton(*args, 10.0, config=(16, 64, 128, 4, 1, True))
+        assert_moe_close(got, want)
         # SWAP tiles (hidden 128 = 4 K blocks: packed scale words in w1 / w3): same bits
         for cfg in ((64, 32, 32, 4, 1), (16, 64, 64, 4, 1, True), (32, 32, 64, 4, 1, True)):
             other = moe_experts_triton(*args, 10.0, config=cfg)
             assert torch.equal(other.view(torch.int16), got.view(torch.int16)), f"config {cfg}"
+        # K split (fast-mode decode): the runs of K blocks each added once; the default call splits
+        assert_moe_close(ops.moe_experts.triton(*args, 10.0), want)
+        args = build_moe(9, 3, 5, 512, 384, seed=4)  # 16 / 12 K blocks
+        want = ops.moe_experts.torch(*args, 10.0)
+        for cfg in ((16, 64, 128, 4, 1, True, 2, 3), (16, 64, 128, 4, 1, True, 3, 2), (16, 32, 64, 4, 1, True, 4, 5)):
+            assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want)
 
     def gemm_configs():
         from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton

@@ -1,7 +1,8 @@
 """GPU: the Triton block-scaled GEMMs (fp8_linear W8A8, fp4_linear W4A8) against their exact torch
 twins, the oracle (`sglang_dsv41.quant.fp8_linear` / `fp4_linear`): tolerance kind "fp8_gemm"
 (kernel_compare; bound from kernel_cases.gemm_slack) over M x (N, K) with fresh seeded inputs
-(seed in the test id); bitwise batch invariance across row counts and tile configs; the MXFP8
+(seed in the test id); bitwise batch invariance across row counts and tile configs (deterministic
+mode); the fast mode's folded split-K of decode rows within the same tolerance; the MXFP8
 activation quant kernel bitwise against `mxfp8_quant`; the bf16 prefill path (>= PREFILL_ROWS rows).
 Skipped without CUDA. Runs as a script."""
 
@@ -59,9 +60,11 @@ def test_gemm_matches_twin(op, params, seed):
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
 @pytest.mark.parametrize("n, k", [(2304, 5120), (5120, 2304), (5120, 8192)])
-def test_batch_invariance(op, n, k):
-    """Rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in an M=17 call
-    (the shapes take the split-K, SWAP one-pass and 64-wide one-pass decode configs of pick_config)."""
+def test_batch_invariance(op, n, k, monkeypatch):
+    """Deterministic mode: rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in
+    an M=17 call (the shapes take the split-K, SWAP one-pass and 64-wide one-pass decode configs of
+    pick_config)."""
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
     impl = getattr(_ops(), op)
     case = build_gemm(op, dict(m=300, n=n, k=k, special=True), 5, "cuda")
     x, w, ws = case["args"]
@@ -96,6 +99,26 @@ def test_split_k_configs_bitwise_equal(op, m):
     for cfg in SPLIT_CONFIGS + [c for c in CONFIGS if len(c) == 6]:
         got = impl.triton(*case["args"], config=cfg).view(torch.int16)
         assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_folded_split_k(op, m, monkeypatch):
+    """Fast mode, decode rows: the folded split-K (K-order chunk sums added in chunk order) is within the fp8
+    tolerance of the twin for the picked chunk count and for others (chunks of 1, 3 and all K blocks);
+    deterministic mode picks a config without it."""
+    from dsv41_kernels.gemm_triton import fold_config, pick_config
+
+    impl = getattr(_ops(), op)
+    n, k = 1000, 8192
+    case = build_gemm(op, dict(m=m, n=n, k=k, special=True, inf=True), 60 + m, "cuda")
+    want = impl.torch(*case["args"])
+    picked = pick_config(m, n, k, torch.device("cuda"), op == "fp4_linear")
+    assert picked == fold_config(m, n, k, torch.device("cuda"), op == "fp4_linear") and picked[-1] is True
+    for cfg in (None, picked[:4] + (1, True, True), picked[:4] + (3, True, True), picked[:4] + (k // 32, True, True)):
+        assert_match(impl.triton(*case["args"], config=cfg), want, "fp8_gemm", what=f"{op} fold {cfg}", bound=case["bound"])
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    assert len(pick_config(m, n, k, torch.device("cuda"), op == "fp4_linear")) <= 6
 
 
 @pytest.mark.parametrize("op, n, k", [("fp8_linear", 1280, 5120), ("fp8_linear", 100, 512), ("fp4_linear", 2304, 5120)])

@@ -1,6 +1,6 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
-independence in deterministic mode, the bf16 prefill path (moe_prefill) against the twin and its expert
+independence in deterministic mode, the fast mode's K split at decode, the bf16 prefill path (moe_prefill) against the twin and its expert
 chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm kernel bitwise against
 their twins.
 Skipped without CUDA."""
@@ -72,6 +72,24 @@ def test_moe_batch_invariant_and_config_independent(monkeypatch):
                 (16, 64, 64, 4, 4, True), (32, 64, 128, 4, 3, True), (64, 128, 64, 8, 3, True)):
         got = moe_experts_triton(x, ids, wts, *w, 10.0, config=cfg).view(torch.int16)
         assert torch.equal(got, full), f"config {cfg}"
+
+
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_moe_k_split(t, monkeypatch):
+    """Fast-mode decode splits K (`split_counts`): within the twin's tolerance for the picked splits and for
+    others (uneven last runs); deterministic mode does not split (bitwise the unsplit config)."""
+    from dsv41_kernels.moe_triton import moe_experts_triton, pick_config, split_counts
+
+    ops = _ops()
+    args = build_moe(t, 6, 16, 1024, 768, seed=70 + t, device="cuda")
+    want = ops.moe_experts.torch(*args, 10.0)
+    base = pick_config(t * 6)
+    assert max(split_counts(t * 6, 16, 768, 1024, *base[:3], torch.device("cuda"))) > 1
+    for cfg in (None, base + (2, 3), base + (5, 2), base + (8, 6)):
+        assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want, f"moe_experts split {cfg}")
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    plain = moe_experts_triton(*args, 10.0, config=base)
+    assert torch.equal(moe_experts_triton(*args, 10.0).view(torch.int16), plain.view(torch.int16))
 
 
 def test_bf16_prefill_path(monkeypatch):
