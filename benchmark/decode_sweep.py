@@ -11,6 +11,11 @@ median GPU time of the whole op from CUDA-graph replays (activation quant and ro
 sizes rotate enough weight copies to exceed L2), bits equal to the first config's (torch.equal), speed-up
 over it, and GB/s of the weight bytes touched against the HBM copy ceiling measured in the same run.
 A config that fails to compile or run is reported and the sweep goes on.
+`--only decode_split` (`sweep_split`): the fast mode's K splits at decode, beside the deterministic-mode config
+of the same call: dense GEMMs' folded split-K for 2 / 4 / 8 programs per SM (chunk sums capped at 1/8, 1/4 or
+1/2 of the weight bytes; `gemm_triton.fold_config`), and the grouped MoE's K splits (S1, S2) per GEMM, E = 16; bits are
+NOT expected equal (the split changes the fp32 addition order), the max |diff| to the first config is shown.
+`--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
 """
@@ -33,10 +38,13 @@ def expert_bytes(n_active: int) -> int:
 
 
 def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same):
+    """same: bits equal to the first config (bool), or a text that says how far they are (split sweeps)."""
     gbs = nbytes / tv / 1e9
-    record(name, shape, tv, nbytes, flops, note=f"bits == first config: {same}; {t0 / tv:.2f}x the first config; "
+    bits = same if isinstance(same, str) else f"bits == first config: {same}"
+    record(name, shape, tv, nbytes, flops, note=f"{bits}; {t0 / tv:.2f}x the first config; "
            f"weights {gbs:.0f} GB/s = {gbs * 1e9 / peak_bw:.0%} of the copy ceiling {peak_bw / 1e12:.2f} TB/s")
-    return dict(name=name, shape=shape, us=tv * 1e6, same=same, speedup=t0 / tv, frac=gbs * 1e9 / peak_bw)
+    return dict(name=name, shape=shape, us=tv * 1e6, same=same if not isinstance(same, str) else True,
+                speedup=t0 / tv, frac=gbs * 1e9 / peak_bw)
 
 
 def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
@@ -70,6 +78,85 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
             del x, ids, wts, args, ref
         del w1, s1, w3, s3, w2, s2
         torch.cuda.empty_cache()
+    return out
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().nan_to_num(0.0).max())
+
+
+def sweep_split(bench_graph, record, gemm_weights, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    import triton
+
+    from dsv41_kernels import gemm_triton, moe_triton
+
+    out = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name, (kind, n, k) in DENSE.items():
+        fp4 = kind == "fp4"
+        fn = gemm_triton.fp4_linear_triton if fp4 else gemm_triton.fp8_linear_triton
+        wbytes = (n * k if kind == "fp8" else n * k // 2) + n * k // 32
+        sets_n = max(1, min(16, -(-(160 << 20) // wbytes)))
+        weights = [gemm_weights(kind, n, k) for _ in range(sets_n)]
+        for m in (1, 8, 64):
+            xs = [torch.randn(m, k, device=dev).bfloat16() for _ in range(sets_n)]
+            base = tuple(gemm_triton.pick_config(m, n, k, dev, fp4, fast=False))
+            configs = [base]
+            kb = k // 32
+            for per_sm, traffic in ((2, 0.125), (4, 0.125), (8, 0.125), (4, 0.25), (8, 0.25), (8, 0.5)):
+                want = triton.cdiv(per_sm * sms, triton.cdiv(n, 64))
+                cap = max(1, int(traffic * k * (0.5 if fp4 else 1.0) / (8 * m)))
+                chunks = max(1, min(want, cap, kb))
+                bm = 16 if m <= 16 else 32 if m <= 32 else 64
+                cfg = (bm, 64, 4, 4, triton.cdiv(kb, chunks), True, True)
+                configs += [cfg] if cfg not in configs else []
+            picked = tuple(gemm_triton.pick_config(m, n, k, dev, fp4, fast=True))
+            configs += [picked] if picked not in configs else []
+            ref = fn(xs[0], *weights[0], config=base)
+            t0 = None
+            for cfg in configs:
+                try:
+                    tv = bench_graph([lambda x=x, w=w, c=cfg: fn(x, *w, config=c) for x, w in zip(xs, weights)])
+                    d = _maxdiff(fn(xs[0], *weights[0], config=cfg), ref)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  split {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                t0 = t0 or tv
+                tag = " (fast pick)" if cfg == picked else " (deterministic)" if cfg == base else ""
+                row = _row(record, peak_bw, f"{kind}_linear split", f"{name} M={m} N={n} K={k} {cfg}{tag}", tv, t0,
+                           wbytes, 2 * m * n * k, f"max|diff| {d:.3g}")
+                out.append(row)
+            del xs, ref
+        del weights
+        torch.cuda.empty_cache()
+    n_exp = 16
+    w1, s1 = expert_weights(n_exp, INTER, HID)
+    w3, s3 = expert_weights(n_exp, INTER, HID)
+    w2, s2 = expert_weights(n_exp, HID, INTER)
+    for t in (1, 8, 64):
+        g = torch.Generator(device=dev).manual_seed(t + n_exp)
+        x = torch.randn(t, HID, device=dev, generator=g).bfloat16()
+        ids = torch.rand(t, n_exp, device=dev, generator=g).topk(TOPK, dim=-1).indices
+        wts = torch.rand(t, TOPK, device=dev, generator=g)
+        args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
+        nbytes = expert_bytes(int(torch.unique(ids).numel()))
+        base = tuple(moe_triton.pick_config(t * TOPK))
+        picked = base + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
+        configs = [base] + [base + sp for sp in ((2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (16, 8))]
+        configs += [picked] if picked not in configs else []
+        ref = moe_triton.moe_experts_triton(*args, config=base)
+        t0 = None
+        for cfg in configs:
+            try:
+                tv = bench_graph([lambda c=cfg: moe_triton.moe_experts_triton(*args, config=c)], reps=20)
+                d = _maxdiff(moe_triton.moe_experts_triton(*args, config=cfg), ref)
+            except Exception as e:  # noqa: BLE001
+                print(f"  split moe T={t} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            t0 = t0 or tv
+            tag = " (fast pick)" if cfg == picked else " (deterministic)" if cfg == base else ""
+            out.append(_row(record, peak_bw, "moe split", f"E={n_exp} T={t} {cfg}{tag}", tv, t0, nbytes,
+                            6 * t * TOPK * INTER * HID, f"max|diff| {d:.3g}"))
     return out
 
 
@@ -140,11 +227,23 @@ def fp32_configs(m: int, tc: bool) -> list[tuple]:
     return [(bm, 32, bk, False, s, w, 3) for bm in bms for bk in (16, 32, 64) for s in (False, True) for w in (4, 8)]
 
 
-def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
+def mix_configs(m: int) -> list[tuple]:
+    """Candidate tiles of the decode mHC mix (N = 24), split over the K chunks: the deterministic-mode pick
+    (16 x 32, BK 64, chunks of 1024), 16-wide column tiles, and the default's shorter chunks (entry 8)."""
+    return [(16, 32, 64, False, True, 4, 3), (16, 16, 64, False, True, 4, 3), (16, 16, 32, False, True, 2, 3)] + \
+        [(16, 32, bk, False, True, 4, 3, c) for c in (128, 256, 512) for bk in (32, 64)] + \
+        [(16, 16, 64, False, True, 4, 3, 256), (16, 32, 64, False, True, 2, 3, 256)]
+
+
+def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda", mix_only: bool = False) -> list[dict]:
+    """mix_only: the decode mHC mix shapes (M = 8 / 64) with `mix_configs` only (chunk sizes differ: max |diff|
+    to the pick instead of bits)."""
     from dsv41_kernels.fp32_gemm_triton import fp32_linear_triton, pick_config
 
     out = []
     for name, m, n, k, wkind in FP32_SHAPES:
+        if mix_only and (name != "hc_mix" or m > 64):
+            continue
         wdt = torch.bfloat16 if wkind == "bf16" else torch.float32
         x = torch.randn(m, k, device=dev).bfloat16()
         w = (torch.randn(n, k, device=dev) * 0.02).to(wdt)
@@ -155,13 +254,14 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[d
         ws = [w] + [w.clone() for _ in range(max(1, min(64, -(-(160 << 20) // wbytes))) - 1)]
         nbytes = x.numel() * 2 + wbytes + m * n * 4
         chosen = tuple(pick_config(m, n, k, wkind == "bf16", dev))
-        configs = [chosen] + [c for c in fp32_configs(m, wkind == "bf16") if c != chosen]
+        configs = [chosen] + [c for c in (mix_configs(m) if mix_only else fp32_configs(m, wkind == "bf16")) if c != chosen]
         ref = fp32_linear_triton(x, w, config=chosen).view(torch.int32)
         t0 = None
         for cfg in configs:
             try:
                 tv = bench_graph([lambda c=cfg, wi=wi: fp32_linear_triton(x, wi, config=c) for wi in ws])
-                same = torch.equal(fp32_linear_triton(x, w, config=cfg).view(torch.int32), ref)
+                got = fp32_linear_triton(x, w, config=cfg)
+                same = torch.equal(got.view(torch.int32), ref) if not mix_only else f"max|diff| {_maxdiff(got, ref):.3g}"
             except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
                 print(f"  fp32_linear {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue

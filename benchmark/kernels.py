@@ -617,6 +617,21 @@ def case_decode_dense():
     report(sweep_dense(bench_graph, record, gemm_weights, PEAK_BW))
 
 
+def case_decode_split():
+    """The fast mode's decode K splits (dense folded split-K, MoE S1 / S2) beside the deterministic config
+    (decode_sweep.sweep_split)."""
+    from decode_sweep import report, sweep_split
+
+    report(sweep_split(bench_graph, record, gemm_weights, expert_weights, PEAK_BW))
+
+
+def case_decode_mix():
+    """The decode mHC mix's candidate tiles (decode_sweep.sweep_fp32, mix_only)."""
+    from decode_sweep import report, sweep_fp32
+
+    report(sweep_fp32(bench_graph, record, PEAK_BW, mix_only=True))
+
+
 def case_decode_fp32():
     """`fp32_linear` configs at the decode step's shapes, bits compared (decode_sweep.sweep_fp32)."""
     from decode_sweep import report, sweep_fp32
@@ -754,7 +769,8 @@ def main() -> None:
             fn = {"stores": case_stores, "indexer": case_indexer, "attention": case_attention, "engram": case_engram,
                   "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "decode": case_decode,
                   "decode_moe": case_decode_moe, "decode_dense": case_decode_dense,
-                  "decode_fp32": case_decode_fp32}[part]
+                  "decode_fp32": case_decode_fp32, "decode_split": case_decode_split,
+                  "decode_mix": case_decode_mix}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
