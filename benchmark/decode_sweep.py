@@ -110,6 +110,8 @@ def sweep_split(bench_graph, record, gemm_weights, expert_weights, peak_bw: floa
                 bm = 16 if m <= 16 else 32 if m <= 32 else 64
                 cfg = (bm, 64, 4, 4, triton.cdiv(kb, chunks), True, True)
                 configs += [cfg] if cfg not in configs else []
+                if m <= 8 and (per_sm, traffic) == (4, 0.25):  # 8 activation rows as the MMA's N side
+                    configs.append((8, 64, 4, 4, triton.cdiv(kb, chunks), True, True))
             picked = tuple(gemm_triton.pick_config(m, n, k, dev, fp4, fast=True))
             configs += [picked] if picked not in configs else []
             ref = fn(xs[0], *weights[0], config=base)

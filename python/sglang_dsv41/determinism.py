@@ -13,6 +13,8 @@ count are replaced by fixed-shape ones (docs/numerics.md, "Deterministic mode"):
       library bf16 GEMMs over exact bf16 operands, whose addition order depends on the call's size),
       nor split K at decode (`gemm_triton.fold_config`, `moe_triton.split_counts`: the chunk count,
       hence the fp32 addition points, depends on the call's row count).
+  the fp32 GEMM kernel  keeps chunks of 1024 for the decode mHC mix (the default takes chunks of 256 at
+      <= 64 rows, `fp32_gemm_triton.FAST_CHUNK`).
 Everything else is batch-invariant by construction (row-wise Triton kernels with fixed orders, the
 fp32 GEMMs `fp32_linear`: `row_tiled` 64-row tiles, or on the GPU the kernel's M-independent order).
 Read at every call, like SGLANG_DSV41_TORCH_OPS; a captured decode graph

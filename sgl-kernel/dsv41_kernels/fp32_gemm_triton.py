@@ -21,6 +21,9 @@ Chunks exist so that decode GEMMs (a few rows, few weight rows: router, mHC, a s
 split K without changing the order (SPLIT, an ordered two-pass): program (tile, c) writes P[c] to a
 workspace [C, M, N] and `_fold_chunks_kernel` adds the partials in chunk order. Without SPLIT one
 program folds its chunks in registers (one launch). Both give the same bits.
+Outside deterministic mode the decode mHC mix (fp32 weight, <= DECODE_MIX_ROWS rows, <= 32 outputs)
+uses chunks of FAST_CHUNK = 256 (config entry 8): 4x the programs, each a quarter of the serial FMA
+chain; a row's bits then differ from the same row in a prefill-size call (docs/numerics.md).
 
 SWAP (bf16, decode rows): the tile computes out^T = w x^T, so the BN weight rows are the MMA's 64-wide
 M side and the few activation rows its N side (the products and K order are the same).
@@ -41,9 +44,14 @@ import triton.language as tl
 from dsv41_kernels.fp32_gemm import fp32_linear
 from dsv41_kernels.gemm_triton import _sm_count
 from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET
+from sglang_dsv41.determinism import deterministic
 
 CHUNK = 1024
 """K elements per chunk partial: part of the summation order (module docstring), not a tuning knob."""
+FAST_CHUNK = 256
+DECODE_MIX_ROWS = 64
+"""Outside deterministic mode, fp32-operand GEMMs of <= DECODE_MIX_ROWS rows and <= 32 outputs (the decode
+mHC mix) use FAST_CHUNK-element chunks (module docstring)."""
 
 if INTERPRET:
     import numpy as np
@@ -126,15 +134,14 @@ def _fp32_gemm_kernel(
 
 
 @triton.jit
-def _fold_chunks_kernel(part_ptr, out_ptr, MN, C, BLOCK: tl.constexpr):
-    """Ordered two-pass, pass 2: out[i] = ((+0 + P[0, i]) + P[1, i]) + ... (chunk order), P fp32 [C, MN]."""
+def _fold_chunks_kernel(part_ptr, out_ptr, MN, C: tl.constexpr, BLOCK: tl.constexpr):
+    """Ordered two-pass, pass 2: out[i] = ((+0 + P[0, i]) + P[1, i]) + ... (chunk order), P fp32 [C, MN].
+    C is unrolled, so the C loads of a thread issue together instead of one memory latency per chunk."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    src = part_ptr + i
-    for _ in range(C):
-        acc = acc + tl.load(src, mask=ok, other=0.0)
-        src += MN
+    for c in tl.static_range(C):
+        acc = acc + tl.load(part_ptr + c * MN + i, mask=ok, other=0.0)
     tl.store(out_ptr + i, acc, mask=ok)
 
 
@@ -143,9 +150,10 @@ def _pow2(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
 
 
-def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
-    """(BM, BN, BK, SWAP, SPLIT, num_warps, num_stages) for `_fp32_gemm_kernel`; every config gives
-    the same bits (module docstring). First choices for the H200 from sm_90 compiles (registers,
+def pick_config(m: int, n: int, k: int, tc: bool, device, fast: bool | None = None) -> tuple:
+    """(BM, BN, BK, SWAP, SPLIT, num_warps, num_stages[, chunk]) for `_fp32_gemm_kernel`; every config
+    without a chunk entry gives the same bits (module docstring); fast (default: not deterministic mode)
+    allows the decode mHC mix's FAST_CHUNK. First choices for the H200 from sm_90 compiles (registers,
     shared memory); the decode ones checked by the H200 sweep with weights rotated past L2
     (benchmark/results/2026-12-02-h200-fp32-mix.md: each within 3% of the shape's fastest config):
       bf16, m <= 64  decode: SWAP tiles of 64 weight rows, BK 128 (weight streaming, many programs
@@ -173,6 +181,10 @@ def pick_config(m: int, n: int, k: int, tc: bool, device) -> tuple:
         bk, swap, warps, stages = (64 if narrow else 32 if bn == 32 else 16), False, 4, 3
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split = 2 * tiles <= _sm_count(device) and k > CHUNK
+    if fast is None:
+        fast = not deterministic()
+    if fast and not tc and m <= DECODE_MIX_ROWS and n <= 32 and k > FAST_CHUNK:
+        return bm, bn, bk, swap, True, warps, stages, FAST_CHUNK
     return bm, bn, bk, swap, split, warps, stages
 
 
@@ -198,21 +210,23 @@ def fp32_linear_triton(x: torch.Tensor, w: torch.Tensor, config: tuple | None = 
     if m == 0 or n == 0:
         return out.reshape(*lead, n)
     tc = x2.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
-    bm, bn, bk, swap, split, warps, stages = config or pick_config(m, n, k, tc, x.device)
+    bm, bn, bk, swap, split, warps, stages, *chunk = config or pick_config(m, n, k, tc, x.device)
+    chunk = chunk[0] if chunk else CHUNK
+    assert chunk % bk == 0, f"config {config}: the chunk must be a multiple of BK"
     # bf16: the MMA's M side a multiple of 64 on whole warpgroups, so every config is one warpgroup MMA
     assert not tc or ((bn if swap else bm) % 64 == 0 and warps % 4 == 0), f"bf16 config {config} is not wgmma"
     assert not swap or tc, "SWAP tiles are for bf16 x bf16 only"
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    chunks = triton.cdiv(k, CHUNK)
+    chunks = triton.cdiv(k, chunk)
     split = bool(split) and chunks > 1
     dst = torch.empty(chunks, m, n, dtype=torch.float32, device=x.device) if split else out
     _fp32_gemm_kernel[(tiles, chunks) if split else (tiles,)](
         x2, x2.stride(0), w, w.stride(0), dst, m, n, k, BM=bm, BN=bn, BK=bk, OPER=DOT_DTYPE if tc else tl.float32,
-        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=CHUNK, num_warps=warps, num_stages=stages)
+        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=chunk, num_warps=warps, num_stages=stages)
     if split:
         block = 256
-        _fold_chunks_kernel[(triton.cdiv(m * n, block),)](dst, out, m * n, chunks, BLOCK=block, num_warps=4)
+        _fold_chunks_kernel[(triton.cdiv(m * n, block),)](dst, out, m * n, C=chunks, BLOCK=block, num_warps=4)
     return out.reshape(*lead, n)
 
 
-__all__ = ["CHUNK", "fp32_linear_triton", "pick_config"]
+__all__ = ["CHUNK", "DECODE_MIX_ROWS", "FAST_CHUNK", "fp32_linear_triton", "pick_config"]

@@ -36,15 +36,15 @@ FMA_CONFIGS = [(16, 32, 32, False, False, 4, 3), (32, 32, 32, False, True, 4, 3)
                (16, 64, 16, False, True, 4, 3), (32, 64, 128, False, False, 4, 3)]
 
 
-def chained(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def chained(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """x [M, K], w [N, K] -> fp32 [M, N]: per chunk p = +0, p = p + x[:, k] * w[:, k] (product rounded,
     then the add) for k in order; the result +0 + p_0 + p_1 + ..."""
     xf, wf = x.float(), w.float()
     k = xf.size(1)
     total = torch.zeros(xf.size(0), wf.size(0))
-    for c0 in range(0, k, CHUNK):
+    for c0 in range(0, k, chunk):
         p = torch.zeros_like(total)
-        for j in range(c0, min(c0 + CHUNK, k)):
+        for j in range(c0, min(c0 + chunk, k)):
             p = p + xf[:, j : j + 1] * wf[:, j][None, :]
         total = total + p
     return total
@@ -57,15 +57,23 @@ def main() -> int:
         def case(m=m, n=n, k=k, xdt=xdt, wdt=wdt):
             x, w = build(m, n, k, xdt, wdt, seed=m * 1000 + n + k)
             got = ops.fp32_linear.triton(x, w)
+            cfg = pick_config(max(m, 1), n, k, wdt == xdt == BF, "cpu")
+            chunk = cfg[7] if len(cfg) > 7 else CHUNK  # the fast mode's decode mHC mix: FAST_CHUNK
             assert_within(got, ops.fp32_linear.torch(x, w), x, w, what="vs twin")
-            assert_bits_equal(got, chained(x, w), what="vs chained order")
+            assert_bits_equal(got, chained(x, w, chunk), what=f"vs chained order, chunks of {chunk}")
+            os.environ["SGLANG_DSV41_DETERMINISTIC"] = "1"  # deterministic mode: CHUNK for every call
+            try:
+                assert_bits_equal(ops.fp32_linear.triton(x, w), chained(x, w), what="deterministic mode")
+            finally:
+                del os.environ["SGLANG_DSV41_DETERMINISTIC"]
 
         name = f"m{m}-n{n}-k{k}-{str(xdt)[6:]}x{str(wdt)[6:]}-{pick_config(max(m, 1), n, k, wdt == xdt == BF, 'cpu')}"
         checks.append((f"fp32_linear-{name}", case))
 
     def layouts():  # leading dims; x a column slice of wider rows (row stride != K); x with column stride 2
         x, w = build(6, 24, 1100, BF, F32, seed=3)
-        want = chained(x, w)
+        cfg = pick_config(6, 24, 1100, False, "cpu")
+        want = chained(x, w, cfg[7] if len(cfg) > 7 else CHUNK)
         assert_bits_equal(ops.fp32_linear.triton(x.view(2, 3, 1100), w), want.view(2, 3, 24), what="leading dims")
         wide = torch.cat([x, x[:, :100]], dim=1)
         assert_bits_equal(ops.fp32_linear.triton(wide[:, :1100], w), want, what="row stride")
@@ -75,12 +83,16 @@ def main() -> int:
     checks.append(("fp32_linear-layouts", layouts))
 
     for label, wdt, k, configs in (("bf16", BF, 1100, TC_CONFIGS), ("fp32-weight", F32, 1100, FMA_CONFIGS)):
-        def rows_alone(wdt=wdt, k=k):  # rows 0..6 of a 300-row call equal the same rows in calls of 1, 7, 64
-            x, w = build(300, 48, k, BF, wdt, seed=11)
-            full = ops.fp32_linear.triton(x, w)
-            for m in (1, 7, 64):
-                assert_bits_equal(ops.fp32_linear.triton(x[:m], w), full[:m], what=f"M={m}")
-            assert_bits_equal(ops.fp32_linear.triton(x[293:], w), full[293:], what="last 7 rows")
+        def rows_alone(wdt=wdt, k=k):  # deterministic mode: rows of a 300-row call equal them in calls of 1, 7, 64
+            os.environ["SGLANG_DSV41_DETERMINISTIC"] = "1"
+            try:
+                x, w = build(300, 24, k, BF, wdt, seed=11)
+                full = ops.fp32_linear.triton(x, w)
+                for m in (1, 7, 64):
+                    assert_bits_equal(ops.fp32_linear.triton(x[:m], w), full[:m], what=f"M={m}")
+                assert_bits_equal(ops.fp32_linear.triton(x[293:], w), full[293:], what="last 7 rows")
+            finally:
+                del os.environ["SGLANG_DSV41_DETERMINISTIC"]
 
         def configs_agree(wdt=wdt, k=k, configs=configs):
             x, w = build(70, 48, k, BF, wdt, seed=12)
