@@ -181,6 +181,16 @@ CLASSES = [
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": "x"}}, "parameters / instances"),
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"temperature": "hot"}}},
      "expected f64"),
+    # found probing 2026-12: text and input_ids together (the text was dropped; batches of two shapes were a 500)
+    ("/generate", {"text": ["a", "b"], "input_ids": [5, 6], "sampling_params": _sp()}, "text, input_ids: send the"),
+    # fields SGLang ignores here: a silent wrong answer (suffix without a FIM template, best_of beyond n,
+    # routed experts on a server started without --enable-return-routed-experts)
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "suffix": "}"}, "suffix: this server has no fill-in"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "best_of": 3}, "best_of: this server does not rank"),
+    ("/generate", {"text": "hi", "return_routed_experts": True, "stream": True, "sampling_params": _sp()},
+     "return_routed_experts: this server was started without"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                              "return_routed_experts": True}, "return_routed_experts: this server was started"),
 ]
 
 

@@ -22,6 +22,7 @@ from sglang_dsv41.sglang.validation import (
     generate_body_error,
     ids_error,
     logit_bias_error,
+    routed_experts_error,
     text_bytes_error,
     tokenized_error,
     tokenizer_facts,
@@ -90,6 +91,9 @@ def test_logit_bias(bias, fragment):
     ({"text": "hi", "sampling_params": {"stop_regex": ["x", "(a|aa)*b"]}},
      "sampling_params.stop_regex[1]: an alternation inside a repeat"),
     ({"text": "hi", "sampling_params": {"stop": ["x", ""]}}, "sampling_params.stop[1]: an empty stop string"),
+    # both prompt forms: SGLang ran the ids and dropped the text; batches of different shapes were a 500
+    ({"text": "What is 1+1?", "input_ids": [5]}, "text, input_ids: send the prompt once"),
+    ({"text": ["a", "b"], "input_ids": [5, 6], "stream": True}, "text, input_ids: send the prompt once"),
 ])
 def test_generate_body(body, fragment):
     assert fragment in generate_body_error(body, LIMITS)
@@ -126,9 +130,16 @@ def _chat(**kw):
     ({"rid": ["a"]}, "rid: a single prompt takes one string"),
     ({"prompt": [5, 6], "rid": []}, "rid: a single prompt takes one string"),
     ({"stop_regex": "a*a*x"}, "stop_regex: at most one variable-length repeat"),
+    # SGLang ignores best_of (n samples, no ranking) and, without a completion template, suffix
+    ({"best_of": 3}, "best_of: this server does not rank candidates"),
+    ({"best_of": 1, "n": 2}, "set it to n (2), got 1"),
+    ({"suffix": "}"}, "suffix: this server has no fill-in-the-middle template"),
 ])
 def test_completion_request(kw, fragment):
     assert fragment in completion_request_error(_completion(**kw), LIMITS)
+    assert completion_request_error(_completion(best_of=1), LIMITS) is None  # what many clients send
+    assert completion_request_error(_completion(best_of=2, n=2, suffix=""), LIMITS) is None
+    assert completion_request_error(_completion(suffix="}"), LIMITS, fill_in_middle=True) is None
     assert completion_request_error(_completion(prompt=[0, V - 1], n=2, logprobs=V, top_k=-1), LIMITS) is None
     assert completion_request_error(_completion(top_k=10**6), LIMITS) is None  # past V: the whole vocabulary
     # rid lists SGLang serves: one id per prompt of a batch, or one id with parallel samples
@@ -315,6 +326,11 @@ def test_large_texts_tokenize_off_the_event_loop():
     big = ["x" * hooks.OFF_LOOP_TOKENIZE_CHARS]
     assert asyncio.run(hooks.tokenize_texts(original, tm, big)) == big
     assert seen == [True, False]
+
+
+def test_routed_experts_need_the_server_flag():
+    assert "started without --enable-return-routed-experts" in routed_experts_error(True, served=False)
+    assert routed_experts_error(True, served=True) is None and routed_experts_error(False, served=False) is None
 
 
 def test_detokenize_ids():

@@ -30,6 +30,7 @@ from sglang_dsv41.sglang.validation import (
     detokenize_request_error,
     generate_body_error,
     request_texts,
+    routed_experts_error,
     text_bytes_error,
     tokenized_error,
     tokenizer_facts,
@@ -108,7 +109,8 @@ HOOKS = (
          "read: the tokenizer manager (vocabulary, context) for the `/generate` rules."),
     Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
          "AFTER hook: every generate request after tokenization, from every entry point: ids in range, "
-         "non-empty, top logprobs <= vocab, top_k, logit bias, stop ids, text-only."),
+         "non-empty, top logprobs <= vocab, top_k, logit bias, stop ids, text-only, "
+         "return_routed_experts only with --enable-return-routed-experts (SGLang dropped it silently)."),
     Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_texts",
          "AROUND hook: refuse a text whose byte size proves it exceeds the context, and tokenize large texts "
          "in a worker thread so the event loop keeps serving other clients."),
@@ -247,7 +249,8 @@ def check_openai_request(result, serving, request, *args, **kwargs):
     limits = request_limits(tm)
     if hasattr(request, "messages"):
         return chat_request_error(request, limits)
-    return completion_request_error(request, limits)
+    template = getattr(getattr(serving, "template_manager", None), "completion_template_name", None)
+    return completion_request_error(request, limits, fill_in_middle=template is not None)
 
 
 def check_detokenize_request(result, serving, request, *args, **kwargs):
@@ -298,12 +301,25 @@ def check_generate_body(result, body, *args, **kwargs):
             return None
         err = resolve(_targets(".generate_contract_error")[0])(native)
         return None if err is None else vertex_error(err)
-    return generate_body_error(body, request_limits(state.tokenizer_manager))
+    error = generate_body_error(body, request_limits(state.tokenizer_manager))
+    flags = body.get("return_routed_experts") if isinstance(body, dict) else None
+    if error is None and any(f is True for f in (flags if isinstance(flags, list) else [flags])):
+        error = routed_experts_error(True, routed_experts_served())  # checked here too: a stream gets a real 4xx
+    return error
+
+
+def routed_experts_served() -> bool:
+    """Whether the server was started with --enable-return-routed-experts (SGLang's published config)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(get_exec().features.enable_return_routed_experts)
 
 
 def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
     """AFTER hook on TokenizerManager._validate_one_request(self, obj, input_ids) -> None."""
     error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size))
+    if not error and getattr(obj, "return_routed_experts", False) is True:
+        error = routed_experts_error(True, routed_experts_served())
     if error:
         raise RequestError(error)
     return result

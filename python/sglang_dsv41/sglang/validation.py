@@ -348,6 +348,10 @@ def generate_body_error(body: Any, limits: Limits) -> str | None:
     err = multimodal_error(body)
     if err:
         return err
+    if body.get("text") is not None and body.get("input_ids") is not None:
+        # SGLang takes the batch size from `text` and the prompt from `input_ids`: the text was dropped
+        # silently, and a batch whose two forms differ in shape was a 500.
+        return "text, input_ids: send the prompt once, as text or as token ids, not both"
     ids = body.get("input_ids")
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         err = _first(*(ids_error(row, vocab, f"input_ids[{i}]") for i, row in enumerate(ids)))
@@ -385,8 +389,9 @@ def generate_body_error(body: Any, limits: Limits) -> str | None:
 
 
 # ---------------------------------------------------------------------------- entry: OpenAI
-def completion_request_error(request: Any, limits: Limits) -> str | None:
-    """OpenAI `/v1/completions` (a CompletionRequest). SGLang already requires max_tokens >= 1."""
+def completion_request_error(request: Any, limits: Limits, fill_in_middle: bool = False) -> str | None:
+    """OpenAI `/v1/completions` (a CompletionRequest). SGLang already requires max_tokens >= 1.
+    `fill_in_middle`: the server has a completion template, the only way SGLang uses `suffix`."""
     vocab = limits.vocab_size
     prompt = request.prompt
     err = None
@@ -407,9 +412,29 @@ def completion_request_error(request: Any, limits: Limits) -> str | None:
         openai_rid_error(getattr(request, "rid", None), single, request.n),
         n_error(request.n),
         count_error(getattr(request, "best_of", None), "best_of", 1, MAX_N),
+        best_of_error(getattr(request, "best_of", None), request.n),
+        None if fill_in_middle else suffix_error(getattr(request, "suffix", None)),
         top_logprobs_error(request.logprobs, vocab, "logprobs"),
         _openai_sampling_error(request, vocab),
     )
+
+
+def best_of_error(best_of: Any, n: Any) -> str | None:
+    """SGLang ignores `best_of`: it returns `n` independent samples and ranks nothing, so a larger `best_of`
+    answered as if it were `n` (a silent wrong answer). Equal to `n` (clients send `best_of: 1`) is served."""
+    if best_of is None or best_of == n or not _is_int(best_of):
+        return None
+    return (f"best_of: this server does not rank candidates (it returns n independent samples); leave best_of "
+            f"out or set it to n ({n}), got {best_of!r}")
+
+
+def suffix_error(suffix: Any) -> str | None:
+    """SGLang inserts `suffix` only through a completion (fill-in-the-middle) template; without one it dropped
+    the suffix and completed the prompt alone (a silent wrong answer)."""
+    if not suffix:
+        return None
+    return ("suffix: this server has no fill-in-the-middle template (--completion-template), so it cannot "
+            "complete between a prompt and a suffix; send the prompt alone")
 
 
 def _openai_sampling_error(request: Any, vocab: int) -> str | None:
@@ -474,6 +499,15 @@ def tokenized_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
         _value_error(getattr(obj, "return_logprob", None), bool, "return_logprob"),
         sampling_error(getattr(obj, "sampling_params", None), vocab_size),
     )
+
+
+def routed_experts_error(requested: Any, served: bool) -> str | None:
+    """`return_routed_experts` on a server started without `--enable-return-routed-experts`: SGLang records
+    nothing and answered without `routed_experts`, silently (it refuses hidden states the same way)."""
+    if requested is True and not served:
+        return ("return_routed_experts: this server was started without --enable-return-routed-experts, so it "
+                "records no routed experts")
+    return None
 
 
 def admitted_error(input_ids: Any, vocab_size: int | None, top_logprobs_num: Any,
