@@ -328,6 +328,31 @@ def test_large_texts_tokenize_off_the_event_loop():
     assert seen == [True, False]
 
 
+def test_large_tokenize_requests_run_off_the_event_loop():
+    """other_endpoints.tokenize_context runs SGLang's `/v1/tokenize` handler in a worker thread for a large
+    prompt or conversation (SGLang encoded on the event loop: a 4 MB prompt held every client for 8 s)."""
+    import threading
+
+    from sglang.srt.entrypoints.openai.protocol import TokenizeRequest
+
+    from sglang_dsv41.sglang import other_endpoints
+
+    seen = []
+
+    async def original(serving, adapted_request, *args, **kwargs):
+        seen.append(threading.current_thread() is threading.main_thread())
+        return SimpleNamespace(max_model_len=1)
+
+    serving = SimpleNamespace(tokenizer_manager=SimpleNamespace(model_config=SimpleNamespace(context_len=4096)))
+    big = "x" * hooks.OFF_LOOP_TOKENIZE_CHARS
+    requests = [TokenizeRequest(prompt="small"), TokenizeRequest(prompt=["a", big]),
+                TokenizeRequest(messages=[{"role": "user", "content": [{"type": "text", "text": big}]}])]
+    for request in requests:
+        result = asyncio.run(other_endpoints.tokenize_context(original, serving, request, request, None))
+        assert result.max_model_len == 4096
+    assert seen == [True, False, False]
+
+
 def test_routed_experts_need_the_server_flag():
     assert "started without --enable-return-routed-experts" in routed_experts_error(True, served=False)
     assert routed_experts_error(True, served=True) is None and routed_experts_error(False, served=False) is None

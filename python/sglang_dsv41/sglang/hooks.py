@@ -98,7 +98,7 @@ HOOKS = (
          "`stop`)."),
     Hook("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingTokenize._handle_non_streaming_request",
          "AROUND hook: `/v1/tokenize` reports the server's context length as `max_model_len` (SGLang: the "
-         "tokenizer's model_max_length)."),
+         "tokenizer's model_max_length), and tokenizes a large text in a worker thread (SGLang: on the event loop)."),
     Hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.get_show",
          "AROUND hook: `/api/show` of a model this server does not serve is a 404 (SGLang described any name)."),
     Hook("sglang.srt.entrypoints.api_contract.generate_contract_error",

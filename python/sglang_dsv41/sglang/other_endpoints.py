@@ -11,19 +11,23 @@ empty `response`), so a streamed answer lost its last token(s); our stream sends
 not, `done_reason` says whether `num_predict` ended the answer (`length`; SGLang always said `stop`).
 
 Tokenize: `/v1/tokenize` reported the tokenizer's `model_max_length` as `max_model_len`; now the server's context.
+A large text is tokenized in a worker thread (SGLang tokenized it on the event loop, stalling every client).
 
 Score: a text query with token-id items was joined as text (`"Is it" + "[5, 6]"`): a silent wrong score.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from sglang_dsv41.sglang.validation import (
+    OFF_LOOP_TOKENIZE_CHARS,
     _first,
     _is_int,
     count_error,
     multimodal_error,
+    request_texts,
     stop_strings_error,
     top_k_error,
 )
@@ -171,11 +175,26 @@ async def ollama_generate_once(original, serving, gen_request, raw_request, mode
                                   eval_count=meta.get("completion_tokens"))
 
 
+def tokenize_request_chars(request: Any) -> int:
+    """Characters a `/v1/tokenize` request asks to tokenize (its prompt strings, or its messages' text)."""
+    texts = request_texts(getattr(request, "prompt", None))
+    for message in getattr(request, "messages", None) or ():
+        content = getattr(message, "content", None)
+        parts = content if isinstance(content, list) else [content]
+        texts.extend(p if isinstance(p, str) else getattr(p, "text", None) or "" for p in parts if p is not None)
+    return sum(map(len, texts))
+
+
 async def tokenize_context(original, serving, adapted_request, *args, **kwargs):
     """AROUND hook on `async OpenAIServingTokenize._handle_non_streaming_request(self, adapted_request,
     request, raw_request)`: `max_model_len` is the server's context length (SGLang reported the tokenizer's
-    `model_max_length`, 1048576 here, so a client sizing its prompts by it was told too much fits)."""
-    result = await original(serving, adapted_request, *args, **kwargs)
+    `model_max_length`, 1048576 here, so a client sizing its prompts by it was told too much fits). SGLang
+    tokenizes on the event loop (a 4 MB prompt held every other client for 8 s); a large request runs
+    SGLang's handler in a worker thread, as generate prompts do (hooks.tokenize_texts)."""
+    if tokenize_request_chars(adapted_request) < OFF_LOOP_TOKENIZE_CHARS:
+        result = await original(serving, adapted_request, *args, **kwargs)
+    else:
+        result = await asyncio.to_thread(asyncio.run, original(serving, adapted_request, *args, **kwargs))
     if hasattr(result, "max_model_len"):
         result.max_model_len = int(serving.tokenizer_manager.model_config.context_len)
     return result
