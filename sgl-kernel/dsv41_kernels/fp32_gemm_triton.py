@@ -183,8 +183,9 @@ def pick_config(m: int, n: int, k: int, tc: bool, device, fast: bool | None = No
     split = 2 * tiles <= _sm_count(device) and k > CHUNK
     if fast is None:
         fast = not deterministic()
-    if fast and not tc and m <= DECODE_MIX_ROWS and n <= 32 and k > FAST_CHUNK:
-        return bm, bn, bk, swap, True, warps, stages, FAST_CHUNK
+    if fast and not tc and m <= DECODE_MIX_ROWS and n <= 32 and k > FAST_CHUNK:  # 2 warps: 14.4 / 23.2 us vs
+        # 15.8 / 35.3 on 4 at 8 / 64 rows (benchmark/results/2026-12-02-h200-decode-split.md, sweep C)
+        return bm, bn, bk, swap, True, 2, stages, FAST_CHUNK
     return bm, bn, bk, swap, split, warps, stages
 
 

@@ -303,17 +303,18 @@ passes); else `_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decod
 wq_a / wkv, 1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the partials cost
 more HBM traffic than they save (benchmark/results/2026-12-02-h200-decode-gemm.md: the one-pass SWAP tiles
 win there)."""
-FOLD_ROWS = 16
+FOLD_ROWS = 64
 FOLD_PROGRAMS_PER_SM = 4
-FOLD_TRAFFIC = 0.125
-"""Fast mode (not deterministic): up to FOLD_ROWS rows a GEMM with fewer weight tiles than
-FOLD_PROGRAMS_PER_SM / 2 per SM runs the folded split-K: each program sums its chunk of K blocks in K order,
-the chunk sums are added in chunk order (`_block_partials_kernel` FOLD, `_ordered_sum_kernel`). The chunk
-count aims at FOLD_PROGRAMS_PER_SM programs per SM, capped so that the fp32 chunk sums (written and read
-once) stay under FOLD_TRAFFIC of the weight bytes. A row's bits then depend on the chunk count, i.e. on
-its call's row count (docs/numerics.md, "Decode GEMMs"). H200 (benchmark/results/2026-12-02-h200-decode-split.md):
-1.3-2.0x the deterministic config at 1 and 8 rows for wq_a, wkv, wo_b and the shared expert; 0.9x for
-wq_b (512 weight tiles: nothing to gain), 0.4-0.9x at 64 rows (the cap leaves one chunk)."""
+FOLD_TRAFFIC = 0.5
+"""Fast mode (not deterministic): up to FOLD_ROWS rows a GEMM runs the folded split-K where it makes more
+than 2 chunks: each program sums its chunk of K blocks in K order, the chunk sums are added in chunk order
+(`_block_partials_kernel` FOLD, `_ordered_sum_kernel`). The chunk count aims at FOLD_PROGRAMS_PER_SM
+programs per SM, capped so that the fp32 chunk sums (written and read once) stay under FOLD_TRAFFIC of the
+weight bytes. A row's bits then depend on the chunk count, i.e. on its call's row count (docs/numerics.md,
+"Decode GEMMs"). H200 (benchmark/results/2026-12-02-h200-decode-split.md, sweeps A and C): 1.3-2.0x the
+deterministic config at 1 and 8 rows for wq_a, wkv, wo_b and the shared expert; at 64 rows 1.36-1.50x
+with chunk sums up to half the weight bytes (5 chunks at K = 5120), 0.4-0.9x with the 1/8 cap of sweep A;
+wq_b (512 weight tiles) gains nothing (at most 2 chunks: not folded)."""
 
 
 def fold_config(m: int, n: int, k: int, device, fp4: bool = False) -> tuple | None:

@@ -102,7 +102,7 @@ def test_split_k_configs_bitwise_equal(op, m):
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
-@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("m", [1, 8, 16, 33, 64])
 def test_folded_split_k(op, m, monkeypatch):
     """Fast mode, decode rows: the folded split-K (K-order chunk sums added in chunk order) is within the fp8
     tolerance of the twin for the picked chunk count and for others (chunks of 1, 3 and all K blocks);
