@@ -37,6 +37,15 @@ def expert_bytes(n_active: int) -> int:
     return n_active * 3 * (INTER * HID // 2 + INTER * HID // 32)
 
 
+def moe_inputs(t: int, n_exp: int, weights: tuple, dev: str) -> tuple[tuple, int]:
+    """(moe_experts arguments for t tokens routed top-6 over n_exp experts, bytes of the experts they touch)."""
+    g = torch.Generator(device=dev).manual_seed(t + n_exp)
+    x = torch.randn(t, HID, device=dev, generator=g).bfloat16()
+    ids = torch.rand(t, n_exp, device=dev, generator=g).topk(TOPK, dim=-1).indices
+    wts = torch.rand(t, TOPK, device=dev, generator=g)
+    return (x, ids, wts, *weights, 10.0), expert_bytes(int(torch.unique(ids).numel()))
+
+
 def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same):
     """same: bits equal to the first config (bool), or a text that says how far they are (split sweeps)."""
     gbs = nbytes / tv / 1e9
@@ -56,12 +65,7 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
         w3, s3 = expert_weights(n_exp, INTER, HID)
         w2, s2 = expert_weights(n_exp, HID, INTER)
         for t in (1, 8, 64):
-            g = torch.Generator(device=dev).manual_seed(t + n_exp)
-            x = torch.randn(t, HID, device=dev, generator=g).bfloat16()
-            ids = torch.rand(t, n_exp, device=dev, generator=g).topk(TOPK, dim=-1).indices
-            wts = torch.rand(t, TOPK, device=dev, generator=g)
-            args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
-            nbytes = expert_bytes(int(torch.unique(ids).numel()))
+            args, nbytes = moe_inputs(t, n_exp, (w1, s1, w3, s3, w2, s2), dev)
             ref = moe_experts_triton(*args, config=MOE_CONFIGS[0]).view(torch.int16)
             t0 = None
             for cfg in MOE_CONFIGS:
@@ -75,7 +79,7 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
                 tag = " (pick_config)" if tuple(cfg) == tuple(pick_config(t * TOPK)) else ""
                 out.append(_row(record, peak_bw, "moe decode", f"E={n_exp} T={t} {cfg}{tag}", tv, t0, nbytes,
                                 6 * t * TOPK * INTER * HID, same))
-            del x, ids, wts, args, ref
+            del args, ref
         del w1, s1, w3, s3, w2, s2
         torch.cuda.empty_cache()
     return out
@@ -136,12 +140,7 @@ def sweep_split(bench_graph, record, gemm_weights, expert_weights, peak_bw: floa
     w3, s3 = expert_weights(n_exp, INTER, HID)
     w2, s2 = expert_weights(n_exp, HID, INTER)
     for t in (1, 8, 64):
-        g = torch.Generator(device=dev).manual_seed(t + n_exp)
-        x = torch.randn(t, HID, device=dev, generator=g).bfloat16()
-        ids = torch.rand(t, n_exp, device=dev, generator=g).topk(TOPK, dim=-1).indices
-        wts = torch.rand(t, TOPK, device=dev, generator=g)
-        args = (x, ids, wts, w1, s1, w3, s3, w2, s2, 10.0)
-        nbytes = expert_bytes(int(torch.unique(ids).numel()))
+        args, nbytes = moe_inputs(t, n_exp, (w1, s1, w3, s3, w2, s2), dev)
         base = tuple(moe_triton.pick_config(t * TOPK))
         picked = base + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
         configs = [base] + [base + sp for sp in ((2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (16, 8))]

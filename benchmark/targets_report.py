@@ -14,6 +14,7 @@ Inputs (any may be missing; the table then says "not measured (part X failed: re
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -47,7 +48,11 @@ KERNEL_ROWS = {"fp8_gemm": ("fp8_gemm_m8192", "fp8_gemm_m8")}  # table row -> ke
 
 
 def read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+    """The file's text; a missing file reads as its gzipped copy (results folders keep ncu.csv.gz), else ""."""
+    if path.exists():
+        return path.read_text(errors="replace")
+    gz = path.with_name(path.name + ".gz")
+    return gzip.decompress(gz.read_bytes()).decode(errors="replace") if gz.exists() else ""
 
 
 def part_status(out: Path) -> dict[str, tuple[int, str]]:
