@@ -256,13 +256,14 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda", mix_only:
         nbytes = x.numel() * 2 + wbytes + m * n * 4
         chosen = tuple(pick_config(m, n, k, wkind == "bf16", dev))
         configs = [chosen] + [c for c in (mix_configs(m) if mix_only else fp32_configs(m, wkind == "bf16")) if c != chosen]
-        ref = fp32_linear_triton(x, w, config=chosen).view(torch.int32)
+        ref = fp32_linear_triton(x, w, config=chosen)
         t0 = None
         for cfg in configs:
             try:
                 tv = bench_graph([lambda c=cfg, wi=wi: fp32_linear_triton(x, wi, config=c) for wi in ws])
                 got = fp32_linear_triton(x, w, config=cfg)
-                same = torch.equal(got.view(torch.int32), ref) if not mix_only else f"max|diff| {_maxdiff(got, ref):.3g}"
+                same = (f"max|diff| {_maxdiff(got, ref):.3g}" if mix_only
+                        else torch.equal(got.view(torch.int32), ref.view(torch.int32)))
             except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
                 print(f"  fp32_linear {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
