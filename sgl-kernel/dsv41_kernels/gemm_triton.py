@@ -19,11 +19,11 @@ The same per-element arithmetic in every tile config and in the ordered split-K 
 writes each block's scaled partial, `_ordered_sum_kernel` adds them in K order): an output element depends
 only on its own row of x and column of w (batch invariant). Outside deterministic mode, decode calls (up
 to FOLD_ROWS rows) run the folded split-K instead: K-order sums over chunks of blocks, then the chunk sums
-in order, so a row's bits depend on its call's chunk count (docs/numerics.md, "Decode GEMMs"). The only difference from the twin is the
-32-term partial: the twin adds the 32 exact products one by one in K order in fp32 (DeepSeek's CPU
-reference order), the tensor core in its own internal order and width, like DeepSeek's GPU kernel
-(test/kernels/test_gemm_gpu.py states the bound). Reproducing the sequential order here would take
-the partials off the tensor cores.
+in order, so a row's bits depend on its call's chunk count (docs/numerics.md, "Decode GEMMs").
+The only difference from the twin is the 32-term partial: the twin adds the 32 exact products one by one
+in K order in fp32 (DeepSeek's CPU reference order), the tensor core in its own internal order and width,
+like DeepSeek's GPU kernel (test/kernels/test_gemm_gpu.py states the bound). Reproducing the sequential
+order here would take the partials off the tensor cores.
 """
 
 from __future__ import annotations
@@ -453,4 +453,5 @@ def fp4_linear_triton(x, w_packed, w_scale, config: tuple | None = None):
     return _scaled_mm(x, w_packed, w_packed.stride(0), w_scale, n, k, True, config)
 
 
-__all__ = ["FOLD_ROWS", "PREFILL_ROWS", "SPLIT_ROWS", "fold_config", "fp4_linear_triton", "fp8_linear_triton", "mxfp8_quant_t", "pick_config"]
+__all__ = ["FOLD_ROWS", "PREFILL_ROWS", "SPLIT_ROWS", "fold_config", "fp4_linear_triton", "fp8_linear_triton",
+           "mxfp8_quant_t", "pick_config"]

@@ -279,7 +279,9 @@ def _gemm(args, tiles, n, k, bm, bn, warps, stages, swap, packed, splits, stage1
     ksb = triton.cdiv(triton.cdiv(kb, splits), sub) * sub
     splits = triton.cdiv(kb, ksb)
     dev = args[0].device
-    part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=dev) if splits > 1 else args[0]
+    part = args[0]  # unused without a split
+    if splits > 1:
+        part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=dev)
     grid = (tiles, triton.cdiv(n, bn)) + ((splits,) if splits > 1 else ())
     _moe_gemm_kernel[grid](*args, part, part_rows, ksb, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
                            PACKED=packed and sub == 4, KSPLIT=splits > 1, num_warps=warps, num_stages=stages)

@@ -1,8 +1,8 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
-independence in deterministic mode, the fast mode's K split at decode, the bf16 prefill path (moe_prefill) against the twin and its expert
-chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm kernel bitwise against
-their twins.
+independence in deterministic mode, the fast mode's K split at decode, the bf16 prefill path (moe_prefill)
+against the twin and its expert chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm
+kernel bitwise against their twins.
 Skipped without CUDA."""
 
 from __future__ import annotations
