@@ -10,6 +10,10 @@ from pathlib import Path
 # its scalar tail, so a row's value would depend on the batch size (docs/numerics.md). Must be set
 # before torch runs its first CPU kernel.
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+# MKL's conditional numerical reproducibility: without it MKL picks CPU- and shape-dependent GEMM code
+# paths, and on an AMD EPYC (AVX-512) the tests that compare bits across processes (TP=2 vs one process,
+# trainer vs server logprobs) differed (docs/rl.md). Inherited by the servers and ranks the tests start.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import pytest  # noqa: E402
 
