@@ -4,7 +4,8 @@ split-K, each beside the one-pass kernel it replaces, bits compared.
     python benchmark/kernels.py --only decode [--out decode.md]
 
 MoE (`moe_experts_triton`): hidden 5120, inter 2304, top-6, E = 16 / 256 experts, T = 1 / 8 / 64 tokens;
-configs (BM, BN1, BN2, warps, stages, SWAP), the first being the one-pass prefill tiles.
+configs (BM, BN1, BN2, warps, stages, SWAP), the first being the one-pass prefill tiles; then the fast
+mode's candidates (`fast_moe_configs`: + S1, S2 K splits) and the pick with torch-op routing.
 Dense (`fp8_linear_triton`, `fp4_linear_triton`): the decode linears of the `bench` / release widths at
 M = 1 / 8 / 16 / 64; configs from `gemm_triton.pick_config` (4 entries: one pass; 6: ordered split-K). Per row:
 median GPU time of the whole op from CUDA-graph replays (activation quant and routing included; decode
@@ -56,7 +57,26 @@ def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same):
                 speedup=t0 / tv, frac=gbs * 1e9 / peak_bw)
 
 
+def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
+    """Fast-mode decode candidates: the pick (SWAP tiles + `split_counts`), other tiles / warps / pipeline
+    depths with their own `split_counts`, and other splits of the picked tiles."""
+    from dsv41_kernels import moe_triton
+
+    base = tuple(moe_triton.pick_config(t * TOPK))
+    s1, s2 = moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
+    out = [base + (s1, s2)]
+    for bm, bn1, bn2, w, st in ((16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 32, 64, 4, 4)):
+        out.append((bm, bn1, bn2, w, st, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, bm, bn1, bn2, dev))
+    for sp in ((s1 + 1, s2 + 1), (2 * s1, 2 * s2), (max(1, s1 // 2), max(1, s2 // 2))):
+        out.append(base + sp)
+    return list(dict.fromkeys(out))
+
+
 def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    """MOE_CONFIGS (one pass, bits against the first), then the fast-mode candidates (`fast_moe_configs`,
+    max |diff| to the pick), and the pick with the routing tables from torch ops instead of the one launch
+    of `moe_routing_triton` (bits must be equal)."""
+    from dsv41_kernels import moe_triton
     from dsv41_kernels.moe_triton import moe_experts_triton, pick_config
 
     out = []
@@ -67,16 +87,32 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
         for t in (1, 8, 64):
             args, nbytes = moe_inputs(t, n_exp, (w1, s1, w3, s3, w2, s2), dev)
             ref = moe_experts_triton(*args, config=MOE_CONFIGS[0]).view(torch.int16)
+            fast = fast_moe_configs(t, n_exp, dev)
+            pick = fast[0]
+            picked = moe_experts_triton(*args, config=pick)
             t0 = None
-            for cfg in MOE_CONFIGS:
+            for cfg in list(MOE_CONFIGS) + fast + ["torch routing"]:
                 try:
-                    tv = bench_graph([lambda c=cfg: moe_experts_triton(*args, config=c)], reps=20)
-                    same = torch.equal(moe_experts_triton(*args, config=cfg).view(torch.int16), ref)
+                    c = pick if cfg == "torch routing" else cfg
+                    rows = moe_triton.ROUTING_ROWS
+                    moe_triton.ROUTING_ROWS = 0 if cfg == "torch routing" else rows
+                    try:
+                        tv = bench_graph([lambda c=c: moe_experts_triton(*args, config=c)], reps=20)
+                        got = moe_experts_triton(*args, config=c)
+                    finally:
+                        moe_triton.ROUTING_ROWS = rows
+                    if cfg in MOE_CONFIGS:
+                        same = torch.equal(got.view(torch.int16), ref)
+                    elif cfg == "torch routing":
+                        same = f"bits == the pick: {torch.equal(got.view(torch.int16), picked.view(torch.int16))}"
+                    else:
+                        same = f"max|diff| to the pick {_maxdiff(got, picked):.3g}"
                 except Exception as e:  # noqa: BLE001 - a compile error or out of shared memory
                     print(f"  decode moe E={n_exp} T={t} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue
                 t0 = t0 or tv
-                tag = " (pick_config)" if tuple(cfg) == tuple(pick_config(t * TOPK)) else ""
+                tag = (" (pick_config)" if tuple(cfg) == tuple(pick_config(t * TOPK)) else
+                       " (fast pick)" if cfg == pick else "") if cfg != "torch routing" else f" {pick}"
                 out.append(_row(record, peak_bw, "moe decode", f"E={n_exp} T={t} {cfg}{tag}", tv, t0, nbytes,
                                 6 * t * TOPK * INTER * HID, same))
             del args, ref

@@ -104,13 +104,25 @@ def event_ms(fn, reps: int) -> float:
     return s.elapsed_time(e) / reps
 
 
-def top_ops(prof, n: int = 12) -> tuple[float, list[tuple[str, int, float]]]:
-    """(device ms in all, the n largest (kernel, launches, ms)). Only kernels: a host op (`aten::mm`) is
-    charged its kernels' device time too, so counting it beside them counted that time twice."""
+def top_ops(prof, n: int = 12) -> tuple[float, list, str, list]:
+    """(device ms in all, the n largest (kernel, launches, ms), a line on launch counts, every small kernel
+    (kernel, launches, ms) by launches). Only kernels: a
+    host op (`aten::mm`) is charged its kernels' device time too, so counting it beside them counted that
+    time twice."""
     evs = [e for e in prof.key_averages() if e.self_device_time_total > 0 and not e.key.startswith("aten::")]
     total = sum(e.self_device_time_total for e in evs) / 1e3
     evs.sort(key=lambda e: -e.self_device_time_total)
-    return total, [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in evs[:n]]
+    small = sorted((e for e in evs if e.self_device_time_total < SMALL_US * e.count), key=lambda e: -e.count)
+    line = (f"{sum(e.count for e in evs)} kernel launches; {sum(e.count for e in small)} of them (in "
+            f"{len(small)} kernels) average under {SMALL_US} us, {sum(e.self_device_time_total for e in small) / 1e3:.2f} ms in all")
+    return total, [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in evs[:n]], line, \
+        [(e.key[:160], e.count, e.self_device_time_total / 1e3) for e in small]
+
+
+SMALL_US = 5
+"""Kernels averaging under this many microseconds a launch count as small in the profile's launch line."""
+SMALL_ROWS = 30
+"""Small kernels listed after a graph replay's profile."""
 
 
 def sweep(a, model, table, dev, ceil) -> None:
@@ -161,12 +173,19 @@ def sweep(a, model, table, dev, ceil) -> None:
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     fn()
                     sync(dev)
-                total, rows = top_ops(prof)
-                say(f"\nProfile, batch {B}, one {what}: {total:.2f} ms of device time in all; top ops by self device time:\n")
+                total, rows, launches, small = top_ops(prof)
+                say(f"\nProfile, batch {B}, one {what}: {total:.2f} ms of device time in all ({launches}); "
+                    "top ops by self device time:\n")
                 say("| op / kernel | calls | ms | share |")
                 say("|---|---|---|---|")
                 for name, calls, ms in rows:
                     say(f"| `{name.replace('|', '/')}` | {calls} | {ms:.3f} | {ms / max(total, 1e-9):.0%} |")
+                if what == "graph replay":
+                    say(f"\nSmall kernels (under {SMALL_US} us a launch) by launches, the first {SMALL_ROWS}:\n")
+                    say("| kernel | launches | ms |")
+                    say("|---|---|---|")
+                    for name, calls, ms in small[:SMALL_ROWS]:
+                        say(f"| `{name.replace('|', '/')}` | {calls} | {ms:.3f} |")
             say("")
         drv.release(seqs)
         del static, graphs, g
@@ -317,7 +336,7 @@ def e2e(a, model, table, calls, dev, ceil, name) -> None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             drv.generate(prompts[:1], 1, a.chunk)
             sync(dev)
-        total, rows = top_ops(prof)
+        total, rows, _, _ = top_ops(prof)
         say(f"\nProfile, prefill of one {a.prompt_len}-token prompt: {total:.2f} ms of device time in all; "
             "top ops by self device time:\n")
         say("| op / kernel | calls | ms | share |")

@@ -1,6 +1,7 @@
 """Triton grouped W4A8 MoE for Hopper: one launch for w1 + w3, one for w2, over every expert.
 
-Host side (device ops only, no synchronisation, fixed shapes for a given T, k, E):
+Host side (device ops only, no synchronisation, fixed shapes for a given T, k, E; up to ROUTING_ROWS
+pairs the routing tables below come from one launch, `moe_routing_triton`):
   pairs r = t*k + j (token t's j-th smallest expert id) are sorted by expert (stable), p = sorted
   position; tiles of BM sorted rows never straddle two experts; tile i -> (expert, first p, end p),
   at most min(R, cdiv(R, BM) + E) tiles (idle tiles exit at once).
@@ -33,6 +34,7 @@ import triton.language as tl
 from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, _sm_count, e2m1_block_e4m3, mxfp8_quant_t
 from dsv41_kernels.moe import moe_combine, moe_experts
 from dsv41_kernels.moe_prefill import bf16_prefill, moe_experts_bf16, sorted_pairs
+from dsv41_kernels.moe_routing_triton import ROUTING_ROWS, routing_tiles_fused
 from dsv41_kernels.triton_numerics import bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
 from sglang_dsv41.determinism import deterministic
 
@@ -319,7 +321,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     bm, bn1, bn2, warps, stages, *rest = config
     swap = bool(rest and rest[0])
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
-    perm, wt, te, first, end = routing_tiles(ids, weights, n_exp, bm)
+    route = routing_tiles_fused if rows <= ROUTING_ROWS else routing_tiles  # same integers
+    perm, wt, te, first, end = route(ids, weights, n_exp, bm)
     qx, sx = mxfp8_quant_t(x.contiguous())
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
     sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)

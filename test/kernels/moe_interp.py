@@ -1,7 +1,7 @@
 """Runs the grouped MoE, its combine and RMSNorm Triton kernels through Triton's CPU interpreter on small
 cases against their twins (also with K split in 2-5 runs, fast-mode decode), and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
 split-K; 1, 2 and 4 K blocks per iteration) against each other, bit for bit; prints 'PASS name' /
-'FAIL name: reason'. Start with TRITON_INTERPRET=1."""
+'FAIL name: reason'. The fused routing tables equal the torch ones bit for bit. Start with TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -61,6 +61,24 @@ def main() -> int:
         w = torch.rand(640, generator=g).bfloat16()
         assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
 
+    def routing():
+        from dsv41_kernels.moe_routing_triton import routing_tiles_fused
+        from dsv41_kernels.moe_triton import routing_tiles
+
+        g = torch.Generator().manual_seed(5)
+        for t, k, e, bm in ((1, 6, 16, 16), (8, 6, 16, 16), (64, 6, 16, 16), (85, 6, 384, 16), (3, 2, 5, 64),
+                            (256, 2, 3, 16), (7, 1, 40, 16)):
+            ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+            if t == 8:
+                ids[:, 0] = 3  # one expert in every row; the rest ascending / descending
+                ids[:4, 1:] = torch.arange(4, 4 + k - 1)
+                ids[4:, 1:] = torch.arange(4 + k - 2, 3, -1)
+            w = torch.rand(t, k, generator=g)
+            want = routing_tiles(ids, w, e, bm)
+            got = routing_tiles_fused(ids.int() if t == 64 else ids, w, e, bm)
+            for name, a, b in zip(("perm", "wt", "tile expert", "first", "end"), got, want):
+                assert a.dtype == b.dtype and torch.equal(a, b), f"{name} T={t} k={k} E={e} BM={bm}: {a} != {b}"
+
     def combine():
         from moe_cases import combine_cases, same_bits
 
@@ -68,7 +86,7 @@ def main() -> int:
             assert same_bits(ops.moe_combine.triton(routed, shared), ops.moe_combine.torch(routed, shared))
 
     return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm),
-                       ("moe_combine", combine)))
+                       ("moe_combine", combine), ("moe_routing", routing)))
 
 
 if __name__ == "__main__":

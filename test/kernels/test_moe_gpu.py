@@ -1,6 +1,6 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
-independence in deterministic mode, the fast mode's K split at decode, the bf16 prefill path (moe_prefill)
+independence in deterministic mode, the fast mode's K split at decode, the one-launch routing tables (bitwise the torch ops'), the bf16 prefill path (moe_prefill)
 against the twin and its expert chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm
 kernel bitwise against their twins.
 Skipped without CUDA."""
@@ -90,6 +90,19 @@ def test_moe_k_split(t, monkeypatch):
     monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
     plain = moe_experts_triton(*args, 10.0, config=base)
     assert torch.equal(moe_experts_triton(*args, 10.0).view(torch.int16), plain.view(torch.int16))
+
+
+@pytest.mark.parametrize("t, k, e", [(1, 6, 16), (8, 6, 16), (64, 6, 16), (85, 6, 384), (256, 2, 3)])
+def test_fused_routing_tables(t, k, e):
+    """The one-launch routing tables equal the torch ops' integers on the GPU."""
+    from dsv41_kernels.moe_routing_triton import routing_tiles_fused
+    from dsv41_kernels.moe_triton import routing_tiles
+
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).cuda()
+    w = torch.rand(t, k, generator=g).cuda()
+    for got, want in zip(routing_tiles_fused(ids, w, e, 16), routing_tiles(ids, w, e, 16)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def test_bf16_prefill_path(monkeypatch):
