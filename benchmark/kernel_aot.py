@@ -1,0 +1,112 @@
+"""What the compiler made of the decode-step kernels, without a GPU: Triton compiles each kernel for
+sm_90a ahead of time (the configs the pickers choose for a decode step of the `bench` widths), ptxas
+reports registers and spills, and the IR says whether the loop's loads became asynchronous copies
+(Triton's software pipeline) and whether each warpgroup MMA is waited on before the next starts.
+
+    python benchmark/kernel_aot.py [--out FILE.md]
+
+Columns: registers per thread and spill bytes (ptxas -v), shared memory per program, `cp.async` in the
+PTX (pipelined loads), `ld.global` (loads left in place), warpgroup MMAs in the loop body and the
+`pendings` of every `warp_group_dot_wait` after them (0 = the MMA finished before the next line runs).
+Integer arguments are specialised as at run time for these shapes (divisible by 16 where the real call's
+are). The Triton that is imported compiles: with the H200's (3.6.0) the registers equal Nsight Compute's
+there (113 / 102 for the two decode MoE launches, 39 for the dense fold; results/2026-12-02-sm90a-aot-
+decode-kernels.md), another version may differ by a few.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMS = 132  # H200, as the pickers assume for a CPU device
+
+MOE_TYPES = dict(a_ptr="*fp8e4nv", sa_ptr="*fp32", sa_rs="i32", perm_ptr="*i32", tile_e_ptr="*i32", tile_p_ptr="*i32",
+                 tile_end_ptr="*i32", E="i32", w_ptr="*u8", v_ptr="*u8", w_es="i32", w_rs="i32", sw_ptr="*u8",
+                 sv_ptr="*u8", sw_es="i32", sw_rs="i32", rw_ptr="*fp32", out_ptr="*u8", os_ptr="*fp32", os_rs="i32",
+                 N="i32", K="i32", TOPK="i32", limit="fp32", part_ptr="*fp32", R="i32", KSB="i32")
+MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of 16 in general
+DENSE_TYPES = dict(q_ptr="*fp8e4nv", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
+                   p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32")
+DENSE_ODD = {"M", "KS"}
+
+
+def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int) -> dict:
+    """Compile `fn` for sm_90a with `const` constexprs; -> registers, spills, shared bytes, PTX / IR counts."""
+    sig = {name: ("constexpr" if name in const else types[name]) for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name not in const and name not in odd and types[name] != "fp32"}
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
+                       options=dict(num_warps=warps, num_stages=stages))
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(ptx)
+        res = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    body = ttgir[ttgir.find("scf.for"):]  # the first loop and what follows it
+    return dict(regs=int(regs.group(1)) if regs else -1, spill=int(spill.group(1)) if spill else -1,
+                smem=getattr(c.metadata, "shared", -1), cp_async=ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
+                ld_global=len(re.findall(r"\bld\.global", ptx)), wgmma=body.count("ttng.warp_group_dot "),
+                waits=re.findall(r"warp_group_dot_wait .*?pendings = (\d+)", body))
+
+
+def cases():
+    """(name, fn, types, odd, constexprs, warps, stages) of a decode step's kernels at the bench widths."""
+    from dsv41_kernels import gemm_triton, moe_triton
+
+    out = []
+    for t in (8, 64):
+        rows = t * 6
+        bm, bn1, bn2, warps, stages, swap = moe_triton.pick_config(rows)
+        s1, s2 = moe_triton.split_counts(rows, 16, 2304, 5120, bm, bn1, bn2, "cpu")
+        for stage1, bn, splits in ((True, bn1, s1), (False, bn2, s2)):
+            const = dict(STAGE1=stage1, BM=bm, BN=bn, SUB=4, SWAP=swap, PACKED=True, KSPLIT=splits > 1)
+            out.append((f"_moe_gemm_kernel stage {1 if stage1 else 2}, {t} tokens x top-6, K split {splits}",
+                        moe_triton._moe_gemm_kernel, MOE_TYPES, MOE_ODD, const, warps, stages))
+    for name, n, k in (("wq_a", 1280, 5120), ("wo_b", 5120, 8192), ("shared w1", 2304, 5120)):
+        cfg = gemm_triton.pick_config(8, n, k, "cpu", fast=True)
+        bm, bn, warps, stages, ks, swap, *fold = cfg
+        const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]))
+        out.append((f"_block_partials_kernel {name} M=8 (KS {ks})", gemm_triton._block_partials_kernel, DENSE_TYPES,
+                    DENSE_ODD, const, warps, stages))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="also write the table to this markdown file")
+    a = ap.parse_args()
+    lines = [f"triton {triton.__version__}, target sm_90a (compiled on a CPU machine; no GPU ran)", "",
+             "| kernel | constexprs | warps / stages | registers | spill B | smem B | cp.async | ld.global | "
+             "MMAs in loop | wait pendings |", "|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for name, fn, types, odd, const, warps, stages in cases():
+        r = compile_kernel(fn, types, odd, const, warps, stages)
+        waits = ",".join(r["waits"]) if r["waits"] else "-"
+        row = (f"| {name} | {', '.join(f'{k}={v}' for k, v in const.items())} | {warps} / {stages} | {r['regs']} | "
+               f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} |")
+        print(row, flush=True)
+        lines.append(row)
+    if a.out:
+        Path(a.out).write_text(f"`python benchmark/kernel_aot.py`\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    main()
