@@ -7,7 +7,8 @@ reports registers and spills, and the IR says whether the loop's loads became as
 
 Columns: registers per thread and spill bytes (ptxas -v), shared memory per program, `cp.async` in the
 PTX (pipelined loads), `ld.global` (loads left in place), warpgroup MMAs in the loop body and the
-`pendings` of every `warp_group_dot_wait` after them (0 = the MMA finished before the next line runs).
+`pendings` of every `warp_group_dot_wait` after them (0 = the MMA finished before the next line runs),
+and `mma.sync` instructions (the pre-Hopper MMA, used where a tile is too small for a warpgroup MMA).
 Integer arguments are specialised as at run time for these shapes (divisible by 16 where the real call's
 are). The Triton that is imported compiles: with the H200's (3.6.0) the registers equal Nsight Compute's
 there (113 / 102 for the two decode MoE launches, 39 for the dense fold; results/2026-12-02-sm90a-aot-
@@ -42,6 +43,10 @@ MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of
 DENSE_TYPES = dict(q_ptr="*fp8e4nv", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
                    p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32")
 DENSE_ODD = {"M", "KS"}
+ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", w16_ptr="*i16", w8_ptr="*u8", w_rs="i32", ws_ptr="*i64",
+                  ws_st="i32", c_ptr="*u8", c_rs="i32", cs_ptr="*i64", cs_st="i32", sink_ptr="*fp32", scale="fp32",
+                  out_ptr="*bf16", po_ptr="*fp32", pm_ptr="*fp32", W="i32", K="i32", H="i32")
+ATTN_ODD = {"w_rs", "c_rs"}  # 528 / 288-byte pool rows: multiples of 16, but kept general
 
 
 def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int) -> dict:
@@ -63,12 +68,15 @@ def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: i
     return dict(regs=int(regs.group(1)) if regs else -1, spill=int(spill.group(1)) if spill else -1,
                 smem=getattr(c.metadata, "shared", -1), cp_async=ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
                 ld_global=len(re.findall(r"\bld\.global", ptx)), wgmma=body.count("ttng.warp_group_dot "),
+                mma_sync=ptx.count("mma.sync"),
                 waits=re.findall(r"warp_group_dot_wait .*?pendings = (\d+)", body))
 
 
 def cases():
     """(name, fn, types, odd, constexprs, warps, stages) of a decode step's kernels at the bench widths."""
-    from dsv41_kernels import gemm_triton, moe_triton
+    import triton.language as tl
+
+    from dsv41_kernels import attention_triton, gemm_triton, moe_triton
 
     out = []
     for t in (8, 64):
@@ -85,6 +93,11 @@ def cases():
         const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]))
         out.append((f"_block_partials_kernel {name} M=8 (KS {ks})", gemm_triton._block_partials_kernel, DENSE_TYPES,
                     DENSE_ODD, const, warps, stages))
+    for t in (8, 64):
+        hb, splits, warps = attention_triton._config(t, 64)
+        const = dict(NP=256, HB=hb, SPLITS=splits, FAST=True, DOT_T=tl.bfloat16)
+        out.append((f"_attn_kernel decode, {t} rows x 64 heads, 128 + 512 keys", attention_triton._attn_kernel,
+                    ATTN_TYPES, ATTN_ODD, const, warps, 3))  # the launch's default pipeline depth
     return out
 
 
@@ -94,13 +107,13 @@ def main() -> None:
     a = ap.parse_args()
     lines = [f"triton {triton.__version__}, target sm_90a (compiled on a CPU machine; no GPU ran)", "",
              "| kernel | constexprs | warps / stages | registers | spill B | smem B | cp.async | ld.global | "
-             "MMAs in loop | wait pendings |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "warpgroup MMAs in loop | wait pendings | mma.sync |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for name, fn, types, odd, const, warps, stages in cases():
         r = compile_kernel(fn, types, odd, const, warps, stages)
         waits = ",".join(r["waits"]) if r["waits"] else "-"
         row = (f"| {name} | {', '.join(f'{k}={v}' for k, v in const.items())} | {warps} / {stages} | {r['regs']} | "
-               f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} |")
+               f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} | {r['mma_sync']} |")
         print(row, flush=True)
         lines.append(row)
     if a.out:
