@@ -14,8 +14,9 @@ over it, and GB/s of the weight bytes touched against the HBM copy ceiling measu
 A config that fails to compile or run is reported and the sweep goes on.
 `--only decode_split` (`sweep_split`): the fast mode's K splits at decode, beside the deterministic-mode config
 of the same call: dense GEMMs' folded split-K for 2 / 4 / 8 programs per SM (chunk sums capped at 1/8, 1/4 or
-1/2 of the weight bytes; `gemm_triton.fold_config`), and the grouped MoE's K splits (S1, S2) per GEMM, E = 16; bits are
-NOT expected equal (the split changes the fp32 addition order), the max |diff| to the first config is shown.
+1/2 of the weight bytes; `gemm_triton.fold_config`); bits are NOT expected equal (the split changes the fp32
+addition order), the max |diff| to the first config is shown. The grouped MoE's K splits (S1, S2) are among
+`--only decode_moe`'s fast-mode candidates.
 `--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
@@ -125,10 +126,10 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().nan_to_num(0.0).max())
 
 
-def sweep_split(bench_graph, record, gemm_weights, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+def sweep_split(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
     import triton
 
-    from dsv41_kernels import gemm_triton, moe_triton
+    from dsv41_kernels import gemm_triton
 
     out = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -171,29 +172,6 @@ def sweep_split(bench_graph, record, gemm_weights, expert_weights, peak_bw: floa
             del xs, ref
         del weights
         torch.cuda.empty_cache()
-    n_exp = 16
-    w1, s1 = expert_weights(n_exp, INTER, HID)
-    w3, s3 = expert_weights(n_exp, INTER, HID)
-    w2, s2 = expert_weights(n_exp, HID, INTER)
-    for t in (1, 8, 64):
-        args, nbytes = moe_inputs(t, n_exp, (w1, s1, w3, s3, w2, s2), dev)
-        base = tuple(moe_triton.pick_config(t * TOPK))
-        picked = base + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
-        configs = [base] + [base + sp for sp in ((2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (16, 8))]
-        configs += [picked] if picked not in configs else []
-        ref = moe_triton.moe_experts_triton(*args, config=base)
-        t0 = None
-        for cfg in configs:
-            try:
-                tv = bench_graph([lambda c=cfg: moe_triton.moe_experts_triton(*args, config=c)], reps=20)
-                d = _maxdiff(moe_triton.moe_experts_triton(*args, config=cfg), ref)
-            except Exception as e:  # noqa: BLE001
-                print(f"  split moe T={t} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                continue
-            t0 = t0 or tv
-            tag = " (fast pick)" if cfg == picked else " (deterministic)" if cfg == base else ""
-            out.append(_row(record, peak_bw, "moe split", f"E={n_exp} T={t} {cfg}{tag}", tv, t0, nbytes,
-                            6 * t * TOPK * INTER * HID, f"max|diff| {d:.3g}"))
     return out
 
 

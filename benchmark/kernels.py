@@ -618,11 +618,11 @@ def case_decode_dense():
 
 
 def case_decode_split():
-    """The fast mode's decode K splits (dense folded split-K, MoE S1 / S2) beside the deterministic config
-    (decode_sweep.sweep_split)."""
+    """The fast mode's dense decode K splits (folded split-K) beside the deterministic config
+    (decode_sweep.sweep_split; the MoE's splits: --only decode_moe)."""
     from decode_sweep import report, sweep_split
 
-    report(sweep_split(bench_graph, record, gemm_weights, expert_weights, PEAK_BW))
+    report(sweep_split(bench_graph, record, gemm_weights, PEAK_BW))
 
 
 def case_decode_mix():
