@@ -105,6 +105,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="also write the table to this markdown file")
     a = ap.parse_args()
+    if a.out and not Path(a.out).resolve().parent.is_dir():
+        ap.error(f"--out: the folder of {a.out!r} does not exist")
     lines = [f"triton {triton.__version__}, target sm_90a (compiled on a CPU machine; no GPU ran)", "",
              "| kernel | constexprs | warps / stages | registers | spill B | smem B | cp.async | ld.global | "
              "warpgroup MMAs in loop | wait pendings | mma.sync |", "|---|---|---|---|---|---|---|---|---|---|---|"]
