@@ -43,10 +43,10 @@ MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of
 DENSE_TYPES = dict(q_ptr="*fp8e4nv", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
                    p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32")
 DENSE_ODD = {"M", "KS"}
-ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", w16_ptr="*i16", w8_ptr="*u8", w_rs="i32", ws_ptr="*i64",
-                  ws_st="i32", c_ptr="*u8", c_rs="i32", cs_ptr="*i64", cs_st="i32", sink_ptr="*fp32", scale="fp32",
-                  out_ptr="*bf16", po_ptr="*fp32", pm_ptr="*fp32", W="i32", K="i32", H="i32")
-ATTN_ODD = {"w_rs", "c_rs"}  # 528 / 288-byte pool rows: multiples of 16, but kept general
+ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", k_ptr="*bf16", ws_ptr="*i64", ws_st="i32", cs_ptr="*i64",
+                  cs_st="i32", sink_ptr="*fp32", scale="fp32", out_ptr="*bf16", po_ptr="*fp32", pm_ptr="*fp32", W="i32",
+                  K="i32", H="i32", run_max_start="fp32")
+ATTN_ODD = {"H"}
 
 
 def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int) -> dict:
@@ -94,10 +94,10 @@ def cases():
         out.append((f"_block_partials_kernel {name} M=8 (KS {ks})", gemm_triton._block_partials_kernel, DENSE_TYPES,
                     DENSE_ODD, const, warps, stages))
     for t in (8, 64):
-        hb, splits, warps = attention_triton._config(t, 64)
-        const = dict(NP=256, HB=hb, SPLITS=splits, FAST=True, DOT_T=tl.bfloat16)
-        out.append((f"_attn_kernel decode, {t} rows x 64 heads, 128 + 512 keys", attention_triton._attn_kernel,
-                    ATTN_TYPES, ATTN_ODD, const, warps, 3))  # the launch's default pipeline depth
+        hb, splits, warps, stages, kb = attention_triton._config(t, 64)
+        const = dict(D=512, HB=hb, SPLITS=splits, KB=kb, STAGES=stages, DOT_T=tl.bfloat16)
+        out.append((f"_attn_kernel decode (gathered keys), {t} rows x 64 heads, 128 + 512 keys",
+                    attention_triton._attn_kernel, ATTN_TYPES, ATTN_ODD, const, warps, stages))
     return out
 
 

@@ -355,10 +355,11 @@ def case_attention(targets_only: bool = False):
                    "% of roofline", "-", f"roofline {floor * 1e6:.1f} us (MMA {flops / PEAK_FLOPS * 1e6:.1f}, "
                    f"HBM {nbytes / PEAK_BW * 1e6:.1f})", floor / ta, ">= 30% of roofline", floor / ta >= 0.3)
         if t in (1, 64) and ctx == 32768 and not targets_only:
-            for cfg in ((16, 1, 8), (32, 1, 8), (32, 2, 8), (32, 4, 8)):
+            for cfg in ((32, 1, 8, 2, 64), (32, 2, 8, 2, 64), (32, 8, 8, 2, 64), (32, 16, 8, 2, 32), (64, 1, 8, 2, 64),
+                        (64, 2, 8, 3, 32), (16, 1, 4, 2, 64)):
                 try:
                     tc = bench_graph([lambda: ops.sparse_attention_paged.triton(*args, config=cfg)])
-                    record("  attn variant", f"t={t} hb,splits,warps={cfg}", tc, nbytes, flops)
+                    record("  attn variant", f"t={t} hb,splits,warps,stages,kb={cfg}", tc, nbytes, flops)
                 except Exception as e:  # noqa: BLE001
                     print("  variant", cfg, "failed:", type(e).__name__, str(e)[:200])
 

@@ -13,9 +13,10 @@ block's probabilities to bf16 against the running max of that moment; here every
 against the row's final max. Both approximate exp(s' - m_final) with one bf16 rounding per key: checked
 against the fp64 oracle, no worse than the twin (kernel_compare "attention", as for split key lists), not
 bitwise; and a row's bits depend on whether its call takes this path (docs/numerics.md, "Prefill GEMMs").
-On the H200 the one-row-per-program Triton kernel ran 8K prefill rows at 42 TFLOP/s: it dequantizes every
-key once per program and cannot keep its tensor cores busy; here the keys are dequantized once per row
-and the GEMMs run at library speed.
+On the H200 a one-pass Triton kernel ran 8K prefill rows at 42 TFLOP/s: it dequantized every key once per
+program and could not keep its tensor cores busy; here the keys are dequantized once per row and the
+GEMMs run at library speed. The Triton path (attention_triton: decode, deterministic mode, graph captures)
+uses the same gather followed by a flash-decoding kernel.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ Triton's CPU interpreter; prints 'PASS name' / 'FAIL name: reason'. Start with T
   attention_keys   attention_prefill's key gather bitwise the twin's dequantized keys (invalid slots: zeros)
   attention_bf16   attention_prefill's path against the fp64 oracle, no worse than the twin (kernel_compare
                    "attention": probabilities rounded against the row's final max, not a running one), rows with no
-                   valid key, short windows and no compressed keys included"""
+                   valid key, short windows and no compressed keys included
+  attention_decode the decode kernel (attention_triton._attn_kernel) in the launch configs the GPU sweeps use
+                   (head blocks, key splits, 32- and 64-key blocks) against the fp64 oracle, no worse than the twin"""
 
 from __future__ import annotations
 
@@ -138,9 +140,23 @@ def main() -> int:
             if p["t"] > 2:
                 assert (got[1] == 0).all(), "a row with no valid key is not zero"
 
+    def attention_decode():
+        from kernel_cases import build, exact_attention
+        from kernel_compare import assert_attention
+
+        for p, cfgs in ((dict(t=5, h=3, d=128, w=70, k=65), ((16, 1, 4, 2, 64), (16, 2, 4, 2, 32), (16, 4, 4, 2, 64))),
+                        (dict(t=3, h=20, d=64, w=128, k=0, short=True), ((16, 1, 4, 2, 32), (32, 2, 8, 2, 64)))):
+            case = build("sparse_attention_paged", p, 5, "cpu")
+            args = case["args"]
+            want, oracle = ops.sparse_attention_paged.torch(*args), exact_attention(case)
+            for cfg in cfgs:
+                got = ops.sparse_attention_paged.triton(*args, config=cfg)
+                assert_attention(got, want, oracle, what=f"attention decode {p} config {cfg}")
+
     return run_checks((("mxfp8_qdq", qdq), ("fp4_weight_bf16", fp4), ("fp8_weight_bf16", fp8), ("swiglu_qdq", swiglu),
                        ("moe_bf16", moe_bf16), ("dense_bf16", dense_bf16), ("attention_keys", attention_keys),
-                       ("attention_bf16", attention_bf16)))
+                       ("attention_bf16", attention_bf16),
+                       ("attention_decode", attention_decode)))
 
 
 if __name__ == "__main__":

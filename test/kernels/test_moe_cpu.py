@@ -109,6 +109,7 @@ def test_kernels_under_interpreter():
 @pytest.mark.interp
 def test_bf16_operand_kernels_under_interpreter():
     """dequant_triton's kernels bitwise against the twins' dequantized operands, and the bf16 prefill paths
-    (grouped MoE, dense fp8 / fp4) within the twins' tolerance, through the interpreter (dequant_interp.py)."""
+    (grouped MoE, dense fp8 / fp4) and the decode attention kernel within the twins' tolerance, through the
+    interpreter (dequant_interp.py)."""
     pytest.importorskip("triton")
-    run_script(Path(__file__).with_name("dequant_interp.py"), 8, timeout=300)
+    run_script(Path(__file__).with_name("dequant_interp.py"), 9, timeout=300)

@@ -33,9 +33,12 @@ def test_triton_matches_twin(op, params, seed):
         assert_match(got, want, KIND[op], what=op)
 
 
-@pytest.mark.parametrize("config", [(16, 1, 4), (16, 1, 8), (16, 2, 4), (16, 4, 4), (16, 8, 4), (32, 1, 8), (32, 2, 8), (32, 4, 8)])
+@pytest.mark.parametrize("config", [(16, 1, 4), (16, 1, 8), (16, 2, 4), (16, 4, 4), (16, 8, 4), (32, 1, 8), (32, 2, 8), (32, 4, 8),
+                                    (32, 8, 8, 2, 64), (32, 16, 8, 2, 32), (64, 1, 8, 2, 64), (64, 2, 8, 3, 32),
+                                    (32, 1, 8, 1, 64)])
 def test_attention_launch_configs(config):
-    """Every (heads per program, splits, warps) the benchmark may pick gives the twin's output."""
+    """Every (heads per program, splits, warps[, stages, keys per block]) the benchmark may pick gives the
+    twin's output."""
     from dsv41_kernels import ops
 
     case = build("sparse_attention_paged", dict(t=9, h=64, d=512, w=128, k=512, short=True), 77, "cuda")
