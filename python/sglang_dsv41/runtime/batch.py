@@ -61,6 +61,12 @@ class Batch:
     """Fixed-shape step (CUDA-graph capture, runtime/graph.py): no data-dependent shapes or host
     reads. Every row runs the compressed-KV path and rows that complete no group write slot -1.
     Needs replay_lens / window_floor / full_rows None and pools without window rings."""
+    real_rows: torch.Tensor | None = None
+    """int64 [] (or [1]) on the batch's device: rows at or past it are padding (a step captured for a larger
+    batch than it runs; static decode batches only: one row per request, so it also counts the real
+    requests, which come first). Padding rows still run (fixed shapes) but store nothing: no window
+    KV, compressed KV or index keys (slot -1) and no pending pair state (they repeat row 0's write).
+    Needs at least one real row. None: every row is real."""
 
     @property
     def seq_ends(self) -> torch.Tensor:
@@ -119,3 +125,12 @@ class Batch:
             seq_capacity=max(ends_host, default=0),
             **replay,
         )
+
+
+def writer_rows(real_rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """int64 [num_rows]: each row's own index, 0 for a padding row (at or past `real_rows`, see
+    `Batch.real_rows`). Indexing a scatter's (destination, value) pairs with it makes every padding row
+    repeat row 0's write: same address, same bytes, so the write changes nothing whatever the order
+    of duplicate indices, with fixed shapes and no host read."""
+    rows = torch.arange(num_rows, device=real_rows.device)
+    return torch.where(rows < real_rows, rows, 0)

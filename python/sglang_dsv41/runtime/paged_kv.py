@@ -15,6 +15,10 @@ SWA bounded replay (spec attention 7; the dense KV writes out the same semantics
       forward's rows write into a workspace, read older window positions from their request's ring,
       and after each layer's attention the last `window` positions of every request are committed to
       its ring. Replay rows (a hit's recomputed cached tokens) write no compressed KV or index keys.
+
+Padding rows of a static decode batch (`batch.real_rows`) run like the others but store nothing:
+their window / compressed KV and index-key slots become -1 and their pending-state writes repeat
+row 0's. The layers never see the difference: it is all in the slots handed to the stores.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
-from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.batch import Batch, writer_rows
 from sglang_dsv41.runtime.pools import KVPools
 
 TAIL_MISSES_ROWS = "decoder SWA bounded replay tail misses prompt-logprob rows"
@@ -35,6 +39,8 @@ class PagedKV:
     def __init__(self, cfg: ModelConfig, pools: KVPools, batch: Batch, ops, decoder_replay: bool = False):
         if decoder_replay:
             cfg.check_decoder_tail_replay()
+        if batch.real_rows is not None and not (batch.static and batch.num_rows == batch.req_slots.numel()):
+            raise ValueError("Batch.real_rows (padding rows) needs a static decode batch (one row per request)")
         self.cfg, self.pools, self.batch, self.ops = cfg, pools, batch, ops
         self.decoder_replay = decoder_replay
         # current rows (all of the batch; after a decoder-tail narrowing, the kept ones)
@@ -44,6 +50,10 @@ class PagedKV:
         self.logits = batch.logits_rows
         floor = batch.window_floor
         self.floor = floor[self.req] if floor is not None else torch.zeros_like(self.positions)
+        # bool [N] rows that store KV (None: all); False on padding rows (batch.real_rows)
+        self.live = None
+        if batch.real_rows is not None:
+            self.live = torch.arange(batch.num_rows, device=self.positions.device) < batch.real_rows
         self._tail: tuple[torch.Tensor, torch.Tensor] | None = None  # (tail floor, full) per request
         if pools.window_rings:
             pools.reserve_workspace(batch.num_rows)
@@ -52,6 +62,8 @@ class PagedKV:
 
     def _rows_changed(self) -> None:
         self.window_slots, self.window_out = self._window_slots()
+        if self.live is not None:
+            self.window_out = torch.where(self.live, self.window_out, -1)
         self.slot_tables: dict[int, torch.Tensor] = {}  # ratio -> int64 [N, n_max]
         self.comp_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index source -> (topk, slots [N, K])
 
@@ -84,6 +96,7 @@ class PagedKV:
         if bool((self.logits < 0).any()):
             raise ValueError(TAIL_MISSES_ROWS)
         self.positions, self.req, self.out_slots = self.positions[keep], self.req[keep], self.out_slots[keep]
+        self.live = self.live[keep] if self.live is not None else None
         self.floor = torch.maximum(self.floor[keep], torch.where(full, 0, tail_floor)[self.req])
         self._rows_changed()
 
@@ -185,7 +198,8 @@ class PagedKV:
         """`store_compressed` with fixed shapes (batch.static): every row pools its group as if it
         closed one; rows that close none get c-slot -1 (the stores skip them), and the pending pair
         state is rewritten in place through a `where` (no boolean indexing, no host read). The
-        stored rows' values are the eager path's: every op here is row-wise."""
+        stored rows' values are the eager path's: every op here is row-wise. Padding rows
+        (`batch.real_rows`) store no group and repeat request 0's pending write."""
         r, lid, b = attn.role.compress_ratio, attn.role.layer_id, self.batch
         comp = attn.compressor
         c_slots = torch.div(b.out_slots, r, rounding_mode="floor")
@@ -204,8 +218,14 @@ class PagedKV:
             last = torch.cumsum(b.extend_lens, 0) - 1
             parks = (b.positions[last] % 2 == 0).view(-1, 1, 1)
             pending, slots = self.pools.pending[lid], b.req_slots
-            pending[slots] = torch.where(parks, torch.stack([kv[last], score[last]], 1), pending[slots])
+            state = torch.where(parks, torch.stack([kv[last], score[last]], 1), pending[slots])  # [B, 2, D]
+            if b.real_rows is not None:  # a padding request may name a real one's slot: it repeats request 0's write
+                src = writer_rows(b.real_rows, slots.numel())
+                slots, state = slots[src], state[src]
+            pending[slots] = state
             c_slots = torch.where(closes, c_slots, -1)
+        if self.live is not None:
+            c_slots = torch.where(self.live, c_slots, -1)
         cos, sin = attn.rotary.freqs((b.positions + 1 - r).clamp_min(0))  # the group's first position
         self.ops.compressed_kv_store(latent, cos, sin, c_slots, self.pools.compressed[lid])
         if attn.role.is_index_source:

@@ -4,8 +4,9 @@
   plugin.py       general plugin (entry point `sglang.srt.plugins`): env, model registration, hooks
   hooks.py        every hook into SGLang internals, each naming the function it wraps and why
   server_args.py  V4.1 server-arg defaults and rejected features (plain functions, no SGLang import)
-  cuda_graphs.py  SGLang's CUDA graphs off for V4.1 on CUDA (the adapter's forward is not capture-safe)
+  cuda_graphs.py  SGLang's CUDA graphs off for V4.1 on CUDA (no capture-safe entry wired into SGLang's runners)
   forward.py      ForwardBatch -> runtime `Batch` (+ the Engram token-id store), logits output
+  decode_batch.py pure-decode ForwardBatch -> fixed-shape `Batch` (no host read; capacity buckets)
   deepseek_v41.py the model class `DeepseekV41ForCausalLM` SGLang builds (EntryClass)
   report.py       the startup report block
 

@@ -1,11 +1,15 @@
 """SGLang's CUDA graphs are off for DeepSeek-V4.1 on CUDA (docs/sglang.md "CUDA graphs").
 
-The adapter's forward (deepseek_v41.py, forward.py) maps each ForwardBatch onto our runtime `Batch`
-with host reads and shapes taken from the batch's values (the token table is as wide as the longest
-request), so SGLang's decode CUDA-graph runner would either fail at capture or record the capture
-batch's widths and replay them for every later batch, and its breakable prefill graph (on by default
-on CUDA) would do the same to prefill. The fixed-shape decode step that is capture-safe is the
-engine-agnostic one (runtime/graph.py `DecodeGraph`), used by the offline driver.
+The adapter's extend / prefill forward (forward.build_batch; decode under encoder SWA replay too) reads
+batch lengths on the host and sizes tensors from them (the token table is as wide as the longest
+request), so SGLang's breakable prefill graph (on by default on CUDA) would fail at capture or replay
+the capture batch's shapes. Its pure-decode forward is fixed-shape and host-sync-free
+(decode_batch.py), but nothing connects it to SGLang's decode graph runner yet: its token-table
+capacity is chosen per step from host lengths (a graph would keep the capture's; the runner keys
+graphs on batch size only and cannot fall back to eager for longer contexts), the runner's padding rows
+are not told apart (`Batch.real_rows` is not passed), and which slots SGLang's warm-up and capture
+batches write is unchecked. The capture-safe decode step in use is the engine-agnostic one
+(runtime/graph.py `DecodeGraph`), used by the offline driver.
 
 `cuda_graphs_off_step` wraps SGLang's resolution step `handle_cuda_graph_config`: for our
 architecture on a CUDA device it rejects flags that only act through graph capture (each would
@@ -28,9 +32,10 @@ SOURCE = "sglang_dsv41.cuda_graphs_off"
 OFFLINE_DECODE = "python -m sglang_dsv41.runtime.driver (one CUDA graph per batch size, runtime/graph.py)"
 
 LOG_LINE = (f"sglang-dsv41: CUDA graphs disabled for {ARCHITECTURE} on CUDA (decode and prefill): the adapter's "
-            "forward reads batch lengths on the host and sizes tensors from them, so a captured graph would fail "
-            f"or replay the capture batch's shapes; graph-captured decode today: {OFFLINE_DECODE}; "
-            "docs/sglang.md 'CUDA graphs'")
+            "prefill forward sizes tensors from batch lengths read on the host, and its fixed-shape decode forward "
+            "is not wired into SGLang's decode graph runner (per-step capacity, padding rows, capture batches), so "
+            "a captured graph would fail or replay the capture batch's shapes; graph-captured decode today: "
+            f"{OFFLINE_DECODE}; docs/sglang.md 'CUDA graphs'")
 
 # ServerArgs fields (unset value) whose only effect is on graph capture: asked for, they would be
 # silently ignored with graphs off. Flags that turn graphs off (--disable-cuda-graph,
@@ -55,7 +60,7 @@ def _flag(field: str) -> str:
 def graph_flag_errors(raw: dict) -> list[tuple[str, str]]:
     """(flag, why) for every graph flag the user passed (`raw`: field -> value as given) that cannot
     take effect for DeepSeek-V4.1 on CUDA."""
-    why_off = "SGLang's CUDA graphs are disabled for DeepSeek-V4.1 (the adapter's forward is not capture-safe)"
+    why_off = "SGLang's CUDA graphs are disabled for DeepSeek-V4.1 (the adapter's forward is not wired for capture)"
     out = []
     for phase in ("decode", "prefill"):
         backend = raw.get(f"cuda_graph_backend_{phase}")

@@ -29,6 +29,7 @@ from sglang_dsv41.sglang.engram_host import EngramHostPlacement
 from sglang_dsv41.sglang.request_windows import RequestWindows
 from sglang_dsv41.sglang.server_args import swa_replay_modes
 from sglang_dsv41.sglang.tensor_parallel import sglang_sharding
+from sglang_dsv41.sglang.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
 from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.report import startup_report
 
@@ -81,6 +82,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.ops = None  # the kernel op table on CUDA (apply_kernels), else None: registry ops
         self.windows: RequestWindows | None = None
         self.store: TokenStore | None = None
+        self.decode_rows: torch.Tensor | None = None  # int64 [req slots] arange: rows of a decode batch
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
         self.history_width = max(ngram - 1, 1)
         # Engram tables in host memory (docs/engram.md); a bad variable value fails here, at startup.
@@ -180,6 +182,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.runtime = Runtime(self.model, pools, self.ops, decoder_replay=replay.decoder)
         self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
         self.store = TokenStore(num_slots, self.device)
+        self.decode_rows = torch.arange(num_req_slots, dtype=torch.int64, device=self.device)
         logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
                                            self.engram_host, replay, generic_pool_facts(kv_pool)))
 
@@ -189,18 +192,20 @@ class DeepseekV41ForCausalLM(nn.Module):
         fb = forward_batch
         if fb.forward_mode.is_idle() or fb.batch_size == 0 or input_ids.numel() == 0:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size, device=input_ids.device))
-        self._check_ids(input_ids, fb)
         runtime = self.runtime
         if runtime is None:
             raise RuntimeError("DeepseekV41ForCausalLM: KV pools not allocated; SGLang's KVCacheConfigurator.configure "
                                "hook (kv_budget.allocate_at_load) did not run")
+        req_to_token = get_req_to_token_pool().req_to_token
+        if fb.forward_mode.is_decode() and self.windows is None:
+            return self._forward_decode(fb, req_to_token)
+        self._check_ids(input_ids, fb)
         meta = LogitsMetadata.from_forward_batch(fb)
         if fb.forward_mode.is_decode():
             plan = plan_logits([1] * fb.batch_size, None, input_ids.device)
         else:
             starts = fb.extend_logprob_start_lens_cpu if meta.extend_return_logprob else None
             plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
-        req_to_token = get_req_to_token_pool().req_to_token
         replay_lens = self._window_replay(fb)
         batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens)
         out = runtime.forward(batch)
@@ -228,10 +233,29 @@ class DeepseekV41ForCausalLM(nn.Module):
         result.write_input_to(output)
         return output
 
+    def _forward_decode(self, fb, req_to_token: torch.Tensor) -> LogitsProcessorOutput:
+        """A pure-decode forward without encoder replay: the fixed-shape, host-sync-free batch
+        (decode_batch.py); its capacity comes from SGLang's host lengths, not from the device.
+
+        No `_check_ids` here (it is a host sync): a decode row's id is the token SGLang sampled for
+        that request in the previous step (its sampler over our [B, vocab] logits, relayed through
+        `FutureMap.output_tokens_buf`), so it lies in [0, vocab). Ids a client sends are prompt ids:
+        they are refused at admission (hooks.check_tokenized on TokenizerManager._validate_one_request
+        and hooks.check_admitted on the scheduler's validate_input_length, both through
+        validation.ids_error), and every prompt id reaches the model in an extend forward, which
+        keeps `_check_ids`, as do a retracted request's re-prefill and the mixed forward."""
+        capacity = decode_capacity(host_max_seq_len(fb), int(req_to_token.shape[1]))
+        batch = build_decode_batch(fb, req_to_token, self.store, self.history_width, self.decode_rows, capacity)
+        out = self.runtime.forward(batch)
+        self._capture_routed_experts(out.decisions.routed_experts, batch, out.tail_rows)
+        # a normal tensor (see forward): SGLang's sampler scales the logits in place
+        return LogitsProcessorOutput(next_token_logits=out.logits.clone())
+
     def _check_ids(self, input_ids: torch.Tensor, fb) -> None:
         """Token ids outside [0, vocab) would index past the embedding (and the Engram token map).
         Request validation (validation.py) refuses them before the scheduler; this is the last line:
-        one reduction and one host sync per forward. SGLang's scheduler cannot abort one request from
+        one reduction and one host sync per extend, mixed or encoder-replay forward (a pure decode
+        skips it: `_forward_decode` says why). SGLang's scheduler cannot abort one request from
         inside a forward, so the error names the batch's requests and ends the scheduler."""
         vocab = self.cfg.vocab_size
         bad = (input_ids < 0) | (input_ids >= vocab)
@@ -260,7 +284,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         if capturer is None:
             return
         n = batch.num_rows
-        scheduled = torch.ones(n, dtype=torch.bool, device=batch.positions.device)
+        scheduled = None  # every row is scheduled (always in decode): no mask, no data-dependent shape
         if batch.replay_lens is not None:
             scheduled = batch.positions >= (batch.prefix_lens + batch.replay_lens)[batch.req_index]
         for layer_id, ids in routed.items():
@@ -268,7 +292,9 @@ class DeepseekV41ForCausalLM(nn.Module):
                 full = ids.new_full((n, ids.size(1)), -1)
                 full[tail_rows] = ids
                 ids = full
-            capturer.capture(layer_id=layer_id, topk_indices=ids[scheduled].to(torch.int32))
+            if scheduled is not None:
+                ids = ids[scheduled]
+            capturer.capture(layer_id=layer_id, topk_indices=ids.to(torch.int32))
 
 
 EntryClass = DeepseekV41ForCausalLM

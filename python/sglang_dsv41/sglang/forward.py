@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.batch import Batch, writer_rows
 
 
 class TokenStore:
@@ -25,8 +25,14 @@ class TokenStore:
     def __init__(self, num_slots: int, device: torch.device | str):
         self.ids = torch.zeros(num_slots, dtype=torch.int64, device=device)
 
-    def write(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
-        self.ids[slots.long()] = ids.long()
+    def write(self, slots: torch.Tensor, ids: torch.Tensor, real_rows: torch.Tensor | None = None) -> None:
+        """ids[i] -> slot slots[i]. `real_rows` (int64 [] on the device, `Batch.real_rows`): rows at or
+        past it are padding and repeat row 0's write, so they change nothing (no host read)."""
+        slots, ids = slots.long(), ids.long()
+        if real_rows is not None:
+            src = writer_rows(real_rows, slots.numel())
+            slots, ids = slots[src], ids[src]
+        self.ids[slots] = ids
 
     def history(self, token_table: torch.Tensor, prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
         """int64 [B, width]: ids at positions prefix-width .. prefix-1 (0 where negative)."""

@@ -63,7 +63,7 @@ HOOKS = (
          "handle_cuda_graph_config) must stay overridable."),
     Hook("sglang.srt.arg_groups.cuda_graph_hook.handle_cuda_graph_config",
          "resolution step we wrap (cuda_graphs.py): for our model on CUDA both graph phases are disabled "
-         "(the adapter's forward is not capture-safe) and flags that act only through capture are rejected."),
+         "(the adapter's forward is not wired for capture) and flags that act only through capture are rejected."),
     Hook("sglang.srt.arg_groups.model_override_base.register_model_override",
          "per-architecture provider for DeepseekV41ForCausalLM: page size 64 when unset, even page sizes "
          "only, and startup errors naming rejected flags (server_args.py)."),
