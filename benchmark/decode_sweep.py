@@ -63,7 +63,7 @@ def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     depths with their own `split_counts`, and other splits of the picked tiles."""
     from dsv41_kernels import moe_triton
 
-    base = tuple(moe_triton.pick_config(t * TOPK))
+    base = tuple(moe_triton.pick_config(t * TOPK, n_exp))
     s1, s2 = moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
     out = [base + (s1, s2)]
     for bm, bn1, bn2, w, st in ((16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 32, 64, 4, 4)):

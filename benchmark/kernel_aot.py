@@ -81,7 +81,7 @@ def cases():
     out = []
     for t in (8, 64):
         rows = t * 6
-        bm, bn1, bn2, warps, stages, swap = moe_triton.pick_config(rows)
+        bm, bn1, bn2, warps, stages, swap = moe_triton.pick_config(rows, 16)
         s1, s2 = moe_triton.split_counts(rows, 16, 2304, 5120, bm, bn1, bn2, "cpu")
         for stage1, bn, splits in ((True, bn1, s1), (False, bn2, s2)):
             const = dict(STAGE1=stage1, BM=bm, BN=bn, SUB=4, SWAP=swap, PACKED=True, KSPLIT=splits > 1)

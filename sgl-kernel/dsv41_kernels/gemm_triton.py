@@ -38,14 +38,18 @@ from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, e4m3_by
 from sglang_dsv41.determinism import deterministic
 
 BLOCK = 32  # MX group along K (activations and weights)
+K_EVENS_FIRST = tuple(range(0, BLOCK, 2)) + tuple(range(1, BLOCK, 2))
+"""An order of a 32-block's elements: position p holds element K_EVENS_FIRST[p]. A dot product over one
+block is the same sum of the same 32 products in any order; the grouped MoE multiplies both operands in
+this order (`e2m1_block_e4m3_evens_first`), which its weights' nibble packing gives for free."""
 
 
 # ---------------------------------------------------------------------------------- kernels
 @triton.jit
-def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constexpr):
+def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constexpr, EVENS_FIRST: tl.constexpr = False):
     """Groups g = kb * M + m (m fastest, so scale stores are contiguous): x [M, K] (row stride x_rs,
     unit column stride) -> q uint8 [M, K] (e4m3 bytes), s fp32 [KB, M]; G = M * KB groups.
-    Same bytes as quant.fp8.mxfp8_quant."""
+    Same bytes as quant.fp8.mxfp8_quant; EVENS_FIRST: each 32-block's bytes stored in `K_EVENS_FIRST` order."""
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     ok = g < G
     m, kb = g % M, g // M
@@ -56,8 +60,16 @@ def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constex
     s = ue8m0_ceil(amax * (1.0 / 448.0))
     inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
     q = e4m3_byte(x * inv)
+    if EVENS_FIRST:
+        col = kb[:, None] * 32 + evens_first_position(tl.arange(0, 32))[None, :]
     tl.store(q_ptr + m[:, None] * (KB * 32) + col, q.to(tl.uint8), mask=ok[:, None])
     tl.store(s_ptr + g, tl.reshape(s, [BLOCK_G]), mask=ok)
+
+
+@triton.jit
+def evens_first_position(k):
+    """Position of element k (0..31) of a 32-block in `K_EVENS_FIRST` order."""
+    return (k % 2) * 16 + k // 2
 
 
 # E2M1 -> E4M3 in four bit operations per byte: the code s e1 e0 m, placed as E4M3 bits s 000 e1 e0 m 00,
@@ -75,9 +87,9 @@ _E2M1_HI_ASM = tl.constexpr("{ .reg .b32 t, u; and.b32 t, $1, 0x80808080; "
 
 
 @triton.jit
-def e2m1_block_e4m3(packed):
-    """Packed E2M1 bytes uint8 [R, 16] (low nibble = even element) -> float8e4nv [R, 32] in K order,
-    each value the E2M1 value times 2**-6 (see above)."""
+def _e2m1_halves(packed):
+    """Packed E2M1 bytes uint8 [R, 16] -> (E4M3 bytes of the low nibbles, of the high nibbles), each
+    [R, 16] uint8: the even and the odd elements, values x 2**-6."""
     if _INTERPRET:
         p = packed.to(tl.int32)
         lo = (((p << 4) & 0x80) | ((p << 2) & 0x1C)).to(tl.uint8)
@@ -85,7 +97,26 @@ def e2m1_block_e4m3(packed):
     else:
         lo = tl.inline_asm_elementwise(_E2M1_LO_ASM, "=r,r", [packed], dtype=tl.uint8, is_pure=True, pack=4)
         hi = tl.inline_asm_elementwise(_E2M1_HI_ASM, "=r,r", [packed], dtype=tl.uint8, is_pure=True, pack=4)
+    return lo, hi
+
+
+@triton.jit
+def e2m1_block_e4m3(packed):
+    """Packed E2M1 bytes uint8 [R, 16] (low nibble = even element) -> float8e4nv [R, 32] in K order,
+    each value the E2M1 value times 2**-6 (see above)."""
+    lo, hi = _e2m1_halves(packed)
     return tl.reshape(tl.join(lo, hi), [packed.shape[0], 32]).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def e2m1_block_e4m3_evens_first(packed):
+    """As `e2m1_block_e4m3`, but the block's 32 elements in the order k = 0, 2, .., 30, 1, 3, .., 31
+    (`K_EVENS_FIRST`): the 16 even elements, then the 16 odd ones. A thread's 4 consecutive elements
+    of this order are the low (or high) nibbles of 4 consecutive bytes, so the tile reaches the MMA's
+    register layout with one 32-bit shared load and no byte permutes (sm_90a: 618 instead of 778
+    instructions per iteration of the MoE's stage-1 decode loop, `benchmark/kernel_aot.py`)."""
+    lo, hi = _e2m1_halves(packed)
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [packed.shape[0], 32]).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -275,9 +306,10 @@ def _ordered_sum_kernel(p_ptr, out_ptr, out_rs, M, N, KB, BLOCK: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------- host side
-def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mxfp8_quant_t(x: torch.Tensor, evens_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 (any float) [M, K], K % 32 == 0, unit column stride -> (q float8_e4m3fn [M, K],
-    s fp32 [K/32, M]) with q and s.T bitwise equal to `quant.fp8.mxfp8_quant(x)`."""
+    s fp32 [K/32, M]) with q and s.T bitwise equal to `quant.fp8.mxfp8_quant(x)`; evens_first: q's
+    32-blocks in `K_EVENS_FIRST` order (q[:, K_EVENS_FIRST] of the plain call, for the grouped MoE)."""
     m, k = x.shape
     assert k % BLOCK == 0 and x.stride(1) == 1, (x.shape, x.stride())
     q = torch.empty(m, k, dtype=torch.uint8, device=x.device)
@@ -286,7 +318,7 @@ def mxfp8_quant_t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if groups:
         bg = 64  # groups per program: a [64, 32] tile
         _mxfp8_quant_kernel[(triton.cdiv(groups, bg),)](
-            x, x.stride(0), q, s, m, k // BLOCK, groups, BLOCK_G=bg, num_warps=4, **NO_FMA)
+            x, x.stride(0), q, s, m, k // BLOCK, groups, BLOCK_G=bg, EVENS_FIRST=evens_first, num_warps=4, **NO_FMA)
     return q.view(torch.float8_e4m3fn), s
 
 

@@ -6,13 +6,15 @@ pairs the routing tables below come from one launch, `moe_routing_triton`):
   position; tiles of BM sorted rows never straddle two experts; tile i -> (expert, first p, end p),
   at most min(R, cdiv(R, BM) + E) tiles (idle tiles exit at once).
   x is MXFP8-quantized once per token (`mxfp8_quant_t`, bitwise `mxfp8_quant`): every pair of a token
-  reads the same bytes the per-expert path would compute.
+  reads the same bytes the per-expert path would compute, each 32-block stored in K_EVENS_FIRST order
+  (gemm_triton): both operands of every K = 32 MMA come in that order, so a weight tile reaches the MMA
+  with one 32-bit shared load per row and no byte permutes (the same 32 products per block).
 Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; two fp8 MMAs per
   32-wide K block (w1, w3; E2M1 nibbles -> E4M3 bytes of value * 2**-6 in registers, the 2**6 put back
-  in the activation scale, `gemm_triton.e2m1_block_e4m3`), block partial * (scale_x * scale_w)
+  in the activation scale, `gemm_triton.e2m1_block_e4m3_evens_first`), block partial * (scale_x * scale_w)
   accumulated in K order as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
   routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32 columns, bitwise `mxfp8_quant` of
-  that h) stored at row p with transposed scales.
+  that h, blocks in K_EVENS_FIRST order) stored at row p with transposed scales.
 Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block against w2; the bf16
   result goes to output row r = perm[p].
 Tiles: [BM pairs x BN weight rows]. SWAP (decode, `pick_config`) makes the weight rows the MMA's M
@@ -31,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.gemm_triton import E2M1_UNSHIFT, _sm_count, e2m1_block_e4m3, mxfp8_quant_t
+from dsv41_kernels.gemm_triton import (E2M1_UNSHIFT, _sm_count, e2m1_block_e4m3_evens_first, evens_first_position,
+                                       mxfp8_quant_t)
 from dsv41_kernels.moe import moe_combine, moe_experts
 from dsv41_kernels.moe_prefill import bf16_prefill, moe_experts_bf16, sorted_pairs
 from dsv41_kernels.moe_routing_triton import ROUTING_ROWS, routing_tiles_fused
@@ -41,8 +44,9 @@ from sglang_dsv41.determinism import deterministic
 
 @triton.jit
 def _fp4_tile(w_row, kb, n_ok):
-    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32], values x 2**-6 (`e2m1_block_e4m3`)."""
-    return e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))
+    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32] in K_EVENS_FIRST order, values x 2**-6
+    (`e2m1_block_e4m3_evens_first`)."""
+    return e2m1_block_e4m3_evens_first(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))
 
 
 @triton.jit
@@ -186,7 +190,8 @@ def _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_p
     s = ue8m0_ceil(amax * (1.0 / 448.0))
     q = e4m3_byte(hg * tl.math.div_rn(1.0, s))
     q = tl.reshape(q, [BM, BN]).to(tl.uint8)
-    tl.store(out_ptr + rp.to(tl.int64)[:, None] * N + rn[None, :], q, mask=m_ok[:, None] & n_ok[None, :])
+    pos = (rn // 32) * 32 + evens_first_position(rn % 32)  # h is stage 2's K: stored evens first
+    tl.store(out_ptr + rp.to(tl.int64)[:, None] * N + pos[None, :], q, mask=m_ok[:, None] & n_ok[None, :])
     gcol = pid_n * (BN // 32) + tl.arange(0, BN // 32)
     s2 = tl.reshape(s, [BM, BN // 32])
     tl.store(os_ptr + gcol.to(tl.int64)[None, :] * os_rs + rp[:, None], s2,
@@ -245,13 +250,22 @@ experts (benchmark/results/2026-12-02-h200-decode-split.md): 1.04-1.14x the unsp
 tokens for 2-5 splits per GEMM, slower from 8 splits."""
 
 
-def pick_config(rows: int) -> tuple[int, int, int, int, int, bool]:
+WIDE_PAIRS_PER_EXPERT = 16
+"""Decode calls with at least this many pairs per expert on average run SWAP tiles of 32 pairs: an
+expert's weights are then dequantized once per 32 pairs, not per 16. H200, E = 16 at 64 tokens (24 per
+expert): 375 vs 425 us; E = 384 at 64 tokens (1 per expert): 4097 vs 2747 us, the wide tile's MMA and
+scale work spent on empty pairs (benchmark/results/2026-12-03-h200-moe-evens-first.md)."""
+
+
+def pick_config(rows: int, n_experts: int = 0) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN1, BN2, num_warps, num_stages, SWAP). Prefill: narrow N tiles were fastest at every size
     in the H200 sweep (benchmark/results/2026-12-01-h200-kernels-moe.md). Decode (rows <= DECODE_ROWS):
-    SWAP tiles of 16 pairs against 64 (w1 / w3) or 128 (w2) weight rows. Every config gives the same
-    bits (test_moe_gpu.py), so the switch keeps rows batch invariant."""
+    SWAP tiles of 16 pairs (32 from WIDE_PAIRS_PER_EXPERT pairs per expert of `n_experts`) against 64
+    (w1 / w3) or 128 (w2) weight rows. Every config gives the same bits (test_moe_gpu.py), so the
+    switch keeps rows batch invariant."""
     if rows <= DECODE_ROWS:
-        return 16, 64, 128, 4, 4, True
+        wide = n_experts and rows >= WIDE_PAIRS_PER_EXPERT * n_experts
+        return 32 if wide else 16, 64, 128, 4, 4, True
     return 64, 32, 32, 4, 4, False
 
 
@@ -315,7 +329,7 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     if rows == 0:
         return out
     if config is None:
-        config = pick_config(rows)
+        config = pick_config(rows, n_exp)
         if config[5] and not deterministic():
             config = config + split_counts(rows, n_exp, inter, hid, *config[:3], x.device)
     bm, bn1, bn2, warps, stages, *rest = config
@@ -323,7 +337,7 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
     route = routing_tiles_fused if rows <= ROUTING_ROWS else routing_tiles  # same integers
     perm, wt, te, first, end = route(ids, weights, n_exp, bm)
-    qx, sx = mxfp8_quant_t(x.contiguous())
+    qx, sx = mxfp8_quant_t(x.contiguous(), evens_first=True)
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
     sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)
     tiles = te.numel()

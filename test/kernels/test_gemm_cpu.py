@@ -1,5 +1,6 @@
 """CPU: the GEMM kernels' MXFP8 activation quant (gemm_triton.mxfp8_quant_t) through Triton's
-interpreter must give bitwise the bytes and scales of its oracle `sglang_dsv41.quant.mxfp8_quant`
+interpreter must give bitwise the bytes and scales of its oracle `sglang_dsv41.quant.mxfp8_quant` (with
+`evens_first`, the oracle's bytes in the grouped MoE's K_EVENS_FIRST order)
 (the GEMM itself runs through the interpreter in interp_check.py's grid); the two split-K orders (ordered:
 block partials added in K order; folded, fast mode: K-order chunk sums added in chunk order) give bitwise
 an explicit fp32 emulation of their order, on operands whose block partials are exact in fp32. TRITON_INTERPRET must be
@@ -21,7 +22,7 @@ pytest.importorskip("triton")
 def _check() -> int:
     import torch
 
-    from dsv41_kernels.gemm_triton import mxfp8_quant_t
+    from dsv41_kernels.gemm_triton import K_EVENS_FIRST, mxfp8_quant_t
     from kernel_cases import gemm_rows
     from kernel_compare import assert_match
     from sglang_dsv41.quant import mxfp8_quant
@@ -31,10 +32,14 @@ def _check() -> int:
     for m, k in ((1, 32), (7, 96), (70, 64), (9, 256)):
         x = gemm_rows(m, k, g, special=m >= 6, inf=m >= 6)  # zero, wide-range, huge, NaN, inf rows
         q, s = mxfp8_quant_t(x)
+        qe, se = mxfp8_quant_t(x, evens_first=True)
         wq, ws = mxfp8_quant(x)
+        order = (torch.arange(k // 32)[:, None] * 32 + torch.tensor(K_EVENS_FIRST)[None, :]).flatten()
         try:  # e4m3 bytes exactly (NaN is the canonical 0x7F); scales bitwise up to NaN payloads
             assert_match(q.view(torch.uint8), wq.view(torch.uint8), "bitwise", what="q")
             assert_match(s.t(), ws, "bitwise", what="scale")
+            assert_match(qe.view(torch.uint8), wq.view(torch.uint8)[:, order], "bitwise", what="q evens first")
+            assert_match(se.t(), ws, "bitwise", what="scale (evens first)")
             print(f"PASS mxfp8_quant_t m={m} k={k}", flush=True)
         except AssertionError as e:
             bad += 1

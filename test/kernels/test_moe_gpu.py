@@ -56,16 +56,17 @@ def test_moe_no_limit_and_large_values():
 
 def test_moe_batch_invariant_and_config_independent(monkeypatch):
     """Deterministic mode: rows of a 300-token call equal (bitwise) the same tokens alone, in a 17-token call,
-    and under every tile config (the pairs' grouping, the tile shape and the packed scale words change no bit;
-    hidden 512 and inter 256 are 16 and 8 K blocks, so the packed scale words run in both GEMMs). Without it,
-    the 300-token call (112 pairs per expert) would take the bf16 prefill path (test_bf16_prefill_path)."""
+    in a 64-token call (24 pairs per expert: the 32-pair decode tiles) and under every tile config (the
+    pairs' grouping, the tile shape and the packed scale words change no bit; hidden 512 and inter 256
+    are 16 and 8 K blocks, so the packed scale words run in both GEMMs). Without it, the
+    300-token call (112 pairs per expert) would take the bf16 prefill path (test_bf16_prefill_path)."""
     from dsv41_kernels.moe_triton import moe_experts_triton
 
     monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
 
     x, ids, wts, *w = build_moe(300, 6, 16, 512, 256, seed=5, device="cuda")
     full = moe_experts_triton(x, ids, wts, *w, 10.0).view(torch.int16)
-    for s, n in ((0, 1), (150, 1), (17, 17), (283, 17)):
+    for s, n in ((0, 1), (150, 1), (17, 17), (283, 17), (100, 64)):  # 64 tokens: 32-pair decode tiles
         part = moe_experts_triton(x[s : s + n], ids[s : s + n], wts[s : s + n], *w, 10.0).view(torch.int16)
         assert torch.equal(part, full[s : s + n]), f"tokens {s}..{s + n - 1}"
     for cfg in ((64, 32, 32, 4, 4), (64, 64, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3),
@@ -83,7 +84,7 @@ def test_moe_k_split(t, monkeypatch):
     ops = _ops()
     args = build_moe(t, 6, 16, 1024, 768, seed=70 + t, device="cuda")
     want = ops.moe_experts.torch(*args, 10.0)
-    base = pick_config(t * 6)
+    base = pick_config(t * 6, 16)
     assert max(split_counts(t * 6, 16, 768, 1024, *base[:3], torch.device("cuda"))) > 1
     for cfg in (None, base + (2, 3), base + (5, 2), base + (8, 6)):
         assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want, f"moe_experts split {cfg}")
