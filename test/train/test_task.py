@@ -15,7 +15,8 @@ from sglang_dsv41.train.reward import extract_boxed, reward
 
 
 def test_prompt_ids_equal_the_servers_chat_rendering(tiny_dir):
-    from sglang.srt.parser.deepseek_recipe_renderer import DeepSeekRecipe
+    renderer = pytest.importorskip("sglang.srt.parser.deepseek_recipe_renderer", reason="needs SGLang (pip install -e '.[test]')")
+    DeepSeekRecipe = renderer.DeepSeekRecipe
 
     server = DeepSeekRecipe("dsv41", Tokenizer.from_file(str(tiny_dir / "tokenizer.json")))
     ours = task.ChatRenderer(tiny_dir)
