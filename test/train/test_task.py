@@ -15,10 +15,10 @@ from sglang_dsv41.train.reward import extract_boxed, reward
 
 
 def test_prompt_ids_equal_the_servers_chat_rendering(tiny_dir):
-    renderer = pytest.importorskip("sglang.srt.parser.deepseek_recipe_renderer", reason="needs SGLang (pip install -e '.[test]')")
-    DeepSeekRecipe = renderer.DeepSeekRecipe
+    renderer = pytest.importorskip("sglang.srt.parser.deepseek_recipe_renderer",
+                                   reason="needs SGLang (pip install -e '.[test]')")
 
-    server = DeepSeekRecipe("dsv41", Tokenizer.from_file(str(tiny_dir / "tokenizer.json")))
+    server = renderer.DeepSeekRecipe("dsv41", Tokenizer.from_file(str(tiny_dir / "tokenizer.json")))
     ours = task.ChatRenderer(tiny_dir)
     for p in task.problems(2, 6, "test") + task.problems(3, 3, "train"):
         body = {"messages": [{"role": "user", "content": p.question}], "thinking": False}

@@ -1,6 +1,7 @@
 """A/B on the H200: grouped MoE decode (evens-first K order) and the multi-program routing kernel against
 the previous code, same inputs, CUDA-graph timing; bits and diffs printed. The previous code is two
-copies made next to this file from commit f822dfc (see README.md): moe_triton_prev.py, routing_prev.py.
+copies made next to this file from commit f822dfc (commands in ../2026-12-03-h200-moe-evens-first.md):
+moe_triton_prev.py, routing_prev.py.
 Run from the repository root: python benchmark/results/2026-12-03-h200-moe-evens-first/moe_ab.py [routing]"""
 import os
 import sys
@@ -38,7 +39,8 @@ def relerr(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-line("what", "shape", "config", "prev us", "new us", "speed-up", "new vs prev", "new vs twin rel L2", "prev vs twin rel L2")
+line("what", "shape", "config", "prev us", "new us", "speed-up", "new vs prev", "new vs twin rel L2",
+     "prev vs twin rel L2")
 for n_exp in (() if "routing" in sys.argv else (16, 384)):
     w1, s1 = K.expert_weights(n_exp, INTER, HID)
     w3, s3 = K.expert_weights(n_exp, INTER, HID)
@@ -49,12 +51,12 @@ for n_exp in (() if "routing" in sys.argv else (16, 384)):
         base = moe_triton.pick_config(t * TOPK)
         sp = moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], "cuda")
         cfgs = [base + sp, base]
+        def split(bm, bn1, bn2):
+            return moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, bm, bn1, bn2, "cuda")
         if t == 64:
-            cfgs += [(32, 64, 128, 4, 4, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, 32, 64, 128, "cuda"),
-                     (16, 128, 128, 4, 4, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, 16, 128, 128, "cuda")]
+            cfgs += [(32, 64, 128, 4, 4, True) + split(32, 64, 128), (16, 128, 128, 4, 4, True) + split(16, 128, 128)]
         if t == 8:
-            cfgs += [(16, 128, 128, 4, 4, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, 16, 128, 128, "cuda"),
-                     (16, 64, 128, 4, 3, True) + sp]
+            cfgs += [(16, 128, 128, 4, 4, True) + split(16, 128, 128), (16, 64, 128, 4, 3, True) + sp]
         for cfg in cfgs:
             try:
                 tp = K.bench_graph([lambda c=cfg: prev.moe_experts_triton(*args, config=c)], reps=20)
