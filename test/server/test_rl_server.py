@@ -4,7 +4,11 @@
   exactly the new weights', and a bad update is refused with a 400 while the server keeps serving.
 Oracle: the trainer's forward (`train.logprobs.response_logprobs`, the one forward over a dense KV)
 on the checkpoint the server should be serving. The server returns logprobs of the raw distribution
-(SGLANG_RETURN_ORIGINAL_LOGPROB=1, as docs/rl.md says an RL server must)."""
+(SGLANG_RETURN_ORIGINAL_LOGPROB=1, as docs/rl.md says an RL server must). Server and trainer both run
+SGLANG_DSV41_DETERMINISTIC=1, as docs/rl.md prescribes for RL (a CPU bf16 GEMM's last bits can depend on
+its row count on some CPUs). Known open bug (docs/rl.md, "Known issue"): when SGLang schedules the two
+samples in separate prefills, the last sampled token's server logprob differs now and then (KL 7.8e-5
+in one CI run), with or without deterministic mode; this test then fails, as it should."""
 
 from __future__ import annotations
 
@@ -19,13 +23,22 @@ from sglang_dsv41.train.mismatch import main as mismatch_main, random_prompts
 from sglang_dsv41.train.rollout import ServerClient
 from sglang_dsv41.train.logprobs import response_logprobs
 from sglang_dsv41.train.weight_sync import write_partial_checkpoint
+from sglang_dsv41.determinism import DETERMINISTIC_ENV
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deterministic_trainer():
+    """The trainer side of this module (this process) in deterministic mode, like the server."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(DETERMINISTIC_ENV, "1")
+        yield
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("rl_server") / "server.log"
     srv = start_server(tiny_dir, log, "--enable-return-routed-experts", "--no-enable-decoder-swa-bounded-replay",
-                       env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
+                       env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", DETERMINISTIC_ENV: "1"})
     yield srv
     stop_server(srv.proc)
 
