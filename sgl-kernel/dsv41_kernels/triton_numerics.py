@@ -61,14 +61,6 @@ def ue8m0_ceil(x):
 
 
 @triton.jit
-def exponent_byte(s):
-    """Power-of-two fp32 -> UE8M0 exponent byte as int32 (quant.fp8.fp32_pow2_to_exponent_byte)."""
-    b = s.to(tl.int32, bitcast=True)
-    e = (b >> 23) & 0xFF
-    return tl.where((b & 0x7FFFFFFF) == 0x00400000, 0, e)
-
-
-@triton.jit
 def e8m0_value(e):
     """UE8M0 exponent byte (any int type) -> fp32 2**(e-127); 0 -> 2**-127, 255 -> NaN."""
     e = e.to(tl.int32) & 0xFF
@@ -106,18 +98,6 @@ def e4m3_value(c):
 
 
 # ---------------------------------------------------------------------------------- E2M1
-@triton.jit
-def e2m1_code(v):
-    """fp32 v (clamped to [-6, 6] by the caller) -> E2M1 code int32 0..15 (quant.fp4.e2m1_codes):
-    RNE between codes, sign from the sign bit (-0 -> 8), NaN -> 0."""
-    a = tl.abs(v)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-           + (a > 5.0).to(tl.int32))
-    neg = ((v.to(tl.int32, bitcast=True) >> 31) & 1) & (v == v).to(tl.int32)
-    return mag | (neg << 3)
-
-
 @triton.jit
 def e2m1_value(c):
     """E2M1 code (any int type, low 4 bits used) -> fp32 value (code 8 -> -0.0)."""
@@ -199,93 +179,6 @@ def rms_rstd(sumsq, d, eps):
     return tl.math.rsqrt(ms + eps)
 
 
-@triton.jit
-def load_pairs(row_ptr, G: tl.constexpr, P: tl.constexpr, NP: tl.constexpr):
-    """Row of 2*NP elements (unit stride) -> (pair index [G, P], x0 even, x1 odd as fp32).
-    Pair g*P + p holds elements 2(g*P+p) and 2(g*P+p)+1; pairs >= NP are masked to 0."""
-    pair = tl.arange(0, G)[:, None] * P + tl.arange(0, P)[None, :]
-    ok = pair < NP
-    x0 = tl.load(row_ptr + 2 * pair, mask=ok, other=0.0).to(tl.float32)
-    x1 = tl.load(row_ptr + 2 * pair + 1, mask=ok, other=0.0).to(tl.float32)
-    return pair, x0, x1
-
-
-@triton.jit
-def rope_tail(x0, x1, pair, cos_ptr, sin_ptr, NP: tl.constexpr, RP: tl.constexpr, INVERSE: tl.constexpr = False):
-    """Rotate the last RP pairs of a row (x0/x1 hold bf16 values) by the fp32 cos/sin row
-    [RP]; result rounded to bf16 (layers.rope.apply_rope). Other pairs are returned unchanged."""
-    j = pair - (NP - RP)
-    rot = (j >= 0) & (pair < NP)
-    c = tl.load(cos_ptr + j, mask=rot, other=1.0)
-    s = tl.load(sin_ptr + j, mask=rot, other=0.0)
-    if INVERSE:
-        s = -s
-    r0, r1 = rope_pairs(x0, x1, c, s)
-    return tl.where(rot, bf16_round(r0), x0), tl.where(rot, bf16_round(r1), x1)
-
-
-# ---------------------------------------------------------------------------------- group quantizers
-# Rows are held as interleaved pairs: x0 = even elements, x1 = odd elements, both [G, P] with one
-# quantization group per row of the tile (P pairs = 2P elements). Every helper returns per-element
-# results for both halves and per-group values with keep_dims ([G, 1]).
-@triton.jit
-def group_amax(x0, x1, AXIS: tl.constexpr = 1):
-    """NaN-propagating max |x| over each group (axis AXIS of both halves), keep_dims."""
-    a0 = tl.reduce(tl.abs(x0), AXIS, max_nan, keep_dims=True)
-    a1 = tl.reduce(tl.abs(x1), AXIS, max_nan, keep_dims=True)
-    return max_nan(a0, a1)
-
-
-@triton.jit
-def fp4_stage1(x0, x1, AXIS: tl.constexpr = 1):
-    """Indexer FP4 stage 1 (32-groups) -> fp32 holding bf16 values (quant.fp4.index_fp4_stage1)."""
-    amax = group_amax(x0, x1, AXIS)
-    amax = tl.where(amax < 6.0 * 2.0**-126, 6.0 * 2.0**-126, amax)
-    s = ue8m0_ceil(amax * (1.0 / 6.0))
-    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
-    v0 = clamp_nan(x0 * inv, -6.0, 6.0)
-    v1 = clamp_nan(x1 * inv, -6.0, 6.0)
-    r0 = tl.where(v0 != v0, v0, e2m1_value(e2m1_code(v0)))
-    r1 = tl.where(v1 != v1, v1, e2m1_value(e2m1_code(v1)))
-    return bf16_round(r0 * s), bf16_round(r1 * s)
-
-
-@triton.jit
-def fp4_stage2(x0, x1, AXIS: tl.constexpr = 1):
-    """Indexer FP4 stage 2, the 68-byte packer (32-groups) -> (codes0, codes1 int32 with -0 stored
-    as +0, scale fp32 keep_dims) (quant.layouts.index_fp4_pack)."""
-    sc = group_amax(x0, x1, AXIS) * (1.0 / 6.0)
-    sc = tl.where(sc < 1e-4, 1e-4, sc)
-    scale = ue8m0_ceil(sc * 1.0)
-    inv = tl.math.div_rn(1.0, scale)
-    c0 = e2m1_code(clamp_nan(x0 * inv, -6.0, 6.0))
-    c1 = e2m1_code(clamp_nan(x1 * inv, -6.0, 6.0))
-    return tl.where(c0 == 8, 0, c0), tl.where(c1 == 8, 0, c1), scale
-
-
-@triton.jit
-def kv_fp4_group(x0, x1):
-    """Compressed-KV FP4 (16-groups) -> (codes0, codes1 int32, e4m3 scale byte int32 [G, 1])
-    (quant.fp4.kv_fp4_quant: amax >= 6*2**-9, s = e4m3(amax / 6), codes of clamp(x / s))."""
-    amax = group_amax(x0, x1)
-    amax = tl.where(amax < 6.0 * 2.0**-9, 6.0 * 2.0**-9, amax)
-    s8 = e4m3_byte(tl.math.div_rn(amax, 6.0))
-    s = e4m3_value(s8)
-    c0 = e2m1_code(clamp_nan(tl.math.div_rn(x0, s), -6.0, 6.0))
-    c1 = e2m1_code(clamp_nan(tl.math.div_rn(x1, s), -6.0, 6.0))
-    return c0, c1, s8
-
-
-@triton.jit
-def mxfp8_group(x0, x1):
-    """MXFP8 (32-groups) -> (e4m3 bytes0, bytes1 int32, scale fp32 [G, 1]) (quant.fp8.mxfp8_quant)."""
-    amax = group_amax(x0, x1)
-    amax = tl.where(amax < 1e-4, 1e-4, amax)
-    s = ue8m0_ceil(amax * (1.0 / 448.0))
-    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
-    return e4m3_byte(x0 * inv), e4m3_byte(x1 * inv), s
-
-
 # ---------------------------------------------------------------------------------- fast paths
 # Per-element encoders of the bandwidth-bound stores (cache_store_triton.py). FAST (a constexpr,
 # `not INTERPRET`) selects the hardware conversions, which the interpreter does not reproduce:
@@ -338,7 +231,7 @@ def e2m1_decode(c, FAST: tl.constexpr):
 @triton.jit
 def pow2_ceil(x):
     """x > 0 (fp32; inf and NaN allowed) -> (s = ue8m0_ceil(x), 1 / s exactly (0 for inf, NaN for NaN),
-    UE8M0 byte of s as int32 (exponent_byte(s))), from the bits; valid while s <= 2**126."""
+    UE8M0 byte of s as int32 (quant.fp8.fp32_pow2_to_exponent_byte)), from the bits; valid while s <= 2**126."""
     sb = (x.to(tl.int32, bitcast=True) + 0x7FFFFF) & 0x7F800000
     nan = x != x
     s = tl.where(nan, x, sb.to(tl.float32, bitcast=True))
