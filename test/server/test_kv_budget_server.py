@@ -53,7 +53,7 @@ def test_generic_pool_holds_no_bytes_per_token(server):
 
 def test_budget_from_our_bytes_and_user_cap_wins(server, tiny_reference):
     from sglang_dsv41.runtime.pools import KVPools
-    from sglang_dsv41.sglang.kv_budget import our_bytes_per_token, token_budget
+    from sglang_dsv41.sglang.model.kv_budget import our_bytes_per_token, token_budget
 
     cfg = tiny_reference.cfg
     m = BUDGET.search(server.log_text())

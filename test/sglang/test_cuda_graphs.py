@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsv41.sglang import cuda_graphs, hooks
-from sglang_dsv41.sglang.server_args import ARCHITECTURE
+from sglang_dsv41.sglang import hooks
+from sglang_dsv41.sglang.model import cuda_graphs
+from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 
 STEP = "handle_cuda_graph_config"
 

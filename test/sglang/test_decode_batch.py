@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sglang_dsv41.runtime import KVPools, Runtime
-from sglang_dsv41.sglang.decode_batch import CAPACITY_FLOOR, build_decode_batch, decode_capacity, host_max_seq_len
-from sglang_dsv41.sglang.forward import TokenStore, build_batch, plan_logits
+from sglang_dsv41.sglang.model.decode_batch import CAPACITY_FLOOR, build_decode_batch, decode_capacity, host_max_seq_len
+from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, plan_logits
 
 PAGE = 16
 TABLE_WIDTH = 512

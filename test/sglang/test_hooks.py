@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sglang_dsv41.sglang import hooks
-from sglang_dsv41.sglang.forward import TokenStore, plan_logits
-from sglang_dsv41.sglang.server_args import (ARCHITECTURE, _flag_errors, resolve_decoder_replay, resolve_model_name,
+from sglang_dsv41.sglang.model.forward import TokenStore, plan_logits
+from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, _flag_errors, resolve_decoder_replay, resolve_model_name,
                                              v41_defaults, validate_flags)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_dsv41.sglang import hooks
-from sglang_dsv41.sglang.validation import (
+from sglang_dsv41.sglang.requests.validation import (
     MAX_N,
     Limits,
     admitted_error,
@@ -182,7 +182,7 @@ def test_chat_request(kw, fragment):
 ])
 def test_stop_regex_patterns(pattern, fragment):
     """Parse errors and patterns Python's backtracking matcher could spend super-linear time on are refused."""
-    from sglang_dsv41.sglang.stop_regex import pattern_error
+    from sglang_dsv41.sglang.requests.stop_regex import pattern_error
 
     err = pattern_error(pattern, "stop_regex")
     assert (err is None) if fragment is None else (err.startswith("stop_regex: ") and fragment in err), err
@@ -231,7 +231,7 @@ def test_scheduler_admission_check():
 
 def test_model_forward_refuses_ids_outside_the_vocabulary():
     """The last line (DeepseekV41ForCausalLM._check_ids), on a stand-in for the model and batch."""
-    from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+    from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
     model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=V))
     fb = SimpleNamespace(rids=["a", "b"])
@@ -335,7 +335,7 @@ def test_large_tokenize_requests_run_off_the_event_loop():
 
     from sglang.srt.entrypoints.openai.protocol import TokenizeRequest
 
-    from sglang_dsv41.sglang import other_endpoints
+    from sglang_dsv41.sglang.requests import other_endpoints
 
     seen = []
 
@@ -371,7 +371,7 @@ def test_detokenize_ids():
     ("(" * 5000 + "a" + ")" * 5000, "stop_regex: at most 4096 characters"), ([], None), (["\\n\\n+"] * 64, None),
 ])
 def test_stop_regex_types_and_sizes(value, fragment):
-    from sglang_dsv41.sglang.validation import stop_regex_error
+    from sglang_dsv41.sglang.requests.validation import stop_regex_error
 
     err = stop_regex_error(value)
     assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
@@ -383,7 +383,7 @@ def test_stop_regex_types_and_sizes(value, fragment):
     (["a", ""], "stop[1]: an empty stop string"), (["</answer>", "\n\n"], None),
 ])
 def test_stop_strings_types_and_sizes(value, fragment):
-    from sglang_dsv41.sglang.validation import stop_strings_error
+    from sglang_dsv41.sglang.requests.validation import stop_strings_error
 
     err = stop_strings_error(value)
     assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
@@ -408,7 +408,7 @@ def test_embedding_overrides_are_refused_at_every_point():
 def test_score_request():
     from sglang.srt.entrypoints.openai.protocol import ScoringRequest
 
-    from sglang_dsv41.sglang.other_endpoints import score_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import score_request_error
 
     ok = dict(query="Is it", items=["yes", "no"], label_token_ids=[5, 6])
     assert score_request_error(ScoringRequest(**ok)) is None
@@ -438,7 +438,7 @@ def test_score_request():
 def test_ollama_generate_request(fields, fragment):
     from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateRequest
 
-    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import ollama_request_error
 
     base = {"model": "m", "prompt": "hi", "options": {"num_predict": 2}}
     assert ollama_request_error(OllamaGenerateRequest(**base)) is None
@@ -448,7 +448,7 @@ def test_ollama_generate_request(fields, fragment):
 def test_ollama_chat_request():
     from sglang.srt.entrypoints.ollama.protocol import OllamaChatRequest
 
-    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import ollama_request_error
 
     ok = OllamaChatRequest(model="m", messages=[{"role": "user", "content": "hi"}],
                            options={"num_predict": 3, "temperature": 0, "top_k": -1, "stop": "x", "seed": 1})
@@ -463,7 +463,7 @@ def test_ollama_stream_errors_surface_before_the_header():
     (which answers 400); a good stream keeps every chunk, in order."""
     from fastapi.responses import StreamingResponse
 
-    from sglang_dsv41.sglang.other_endpoints import _start_stream
+    from sglang_dsv41.sglang.requests.other_endpoints import _start_stream
 
     async def failing():
         raise ValueError("top_p must be in (0, 1]")

@@ -17,10 +17,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from sglang_dsv41.sglang import admin_endpoints
-from sglang_dsv41.sglang.cuda_graphs import cuda_graphs_off_step
-from sglang_dsv41.sglang.server_args import REPLAY_WINDOW, ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
-from sglang_dsv41.sglang.validation import (
+from sglang_dsv41.sglang.requests import admin_endpoints
+from sglang_dsv41.sglang.model.cuda_graphs import cuda_graphs_off_step
+from sglang_dsv41.sglang.model.server_args import REPLAY_WINDOW, ARCHITECTURE, resolve_model_name, v41_defaults, validate_flags
+from sglang_dsv41.sglang.requests.validation import (
     OFF_LOOP_TOKENIZE_CHARS,
     Limits,
     RequestError,
@@ -41,7 +41,7 @@ from sglang_dsv41.sglang.validation import (
 
 logger = logging.getLogger(__name__)
 
-EXTERNAL_PACKAGE = "sglang_dsv41.sglang"
+EXTERNAL_PACKAGE = "sglang_dsv41.sglang.model"
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def unstreamed_error(serving, request) -> str | None:
 
 def check_other_openai_request(result, serving, request, *args, **kwargs):
     """AFTER hook on OpenAIServing{Score,Tokenize}._validate_request(self, request) -> str | None."""
-    from sglang_dsv41.sglang.other_endpoints import score_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import score_request_error
 
     if result:
         return result
@@ -456,7 +456,7 @@ def _register(suffix: str, fn, kind: str) -> None:
 def _install_request_validation() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_dsv41.sglang import other_endpoints
+    from sglang_dsv41.sglang.requests import other_endpoints
 
     special = {".OpenAIServingDetokenize.": check_detokenize_request, ".OpenAIServingScore.": check_other_openai_request,
                ".OpenAIServingTokenize.": check_other_openai_request}
@@ -542,7 +542,7 @@ def register_model_class() -> None:
     from sglang.srt.models.registry import ModelRegistry
 
     if ARCHITECTURE not in ModelRegistry.models:
-        from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+        from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
         ModelRegistry.models[ARCHITECTURE] = DeepseekV41ForCausalLM
 
@@ -619,7 +619,7 @@ def skip_encoder_replay_forward(original, worker, batch, *args, **kwargs):
 
 
 def _install_kv_budget() -> None:
-    from sglang_dsv41.sglang import kv_budget
+    from sglang_dsv41.sglang.model import kv_budget
 
     _register("._resolve_kv_pool_class", kv_budget.use_no_op_generic_pool, "AROUND")
     _register(".create_memory_pool_configurator", kv_budget.size_from_our_bytes, "AFTER")

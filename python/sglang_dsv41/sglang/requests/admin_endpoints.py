@@ -33,7 +33,7 @@ import os
 import tempfile
 from typing import Any
 
-from sglang_dsv41.sglang.validation import _is_int
+from sglang_dsv41.sglang.requests.validation import _is_int
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from sglang_dsv41.sglang.stop_regex import pattern_error
+from sglang_dsv41.sglang.requests.stop_regex import pattern_error
 
 MAX_N = 128
 """Most samples one request may ask for (`n`), on every endpoint (OpenAI's own cap)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sglang_dsv41.sglang.validation import (
+from sglang_dsv41.sglang.requests.validation import (
     OFF_LOOP_TOKENIZE_CHARS,
     _first,
     _is_int,
