@@ -99,8 +99,11 @@ def test_registered_on_sglangs_step(monkeypatch):
     from sglang.srt.arg_groups import model_override_base, resolution_hooks
 
     assert STEP in resolution_hooks._OVERRIDABLE_HOOKS
-    assert hooks._targets("." + STEP)
+    from sglang.srt.arg_groups.cuda_graph_hook import handle_cuda_graph_config
+
+    (row,) = [h for h in hooks.HOOKS if h.target.endswith("." + STEP)]
+    assert row.kind == hooks.STEP and hooks.resolve(row.target) is handle_cuda_graph_config
     monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
     monkeypatch.setattr(model_override_base, "register_model_override", lambda arch: (lambda fn: fn))
-    hooks._install_server_arg_hooks()
+    hooks.apply(row)
     assert resolution_hooks._HOOKS[STEP] == [cuda_graphs.cuda_graphs_off_step]

@@ -145,7 +145,7 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     def weight_update_error(self, path: str) -> str | None:
         """Why the checkpoint at `path` cannot update this model (None if it can), from its safetensors
-        headers. Checked before SGLang reads an update from disk (hooks.check_weight_update): after a
+        headers. Checked before SGLang reads an update from disk (weight_update.check_weight_update): after a
         failed load SGLang re-reads the same path to roll back, which would fail again and end the
         scheduler."""
         try:
@@ -240,8 +240,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         No `_check_ids` here (it is a host sync): a decode row's id is the token SGLang sampled for
         that request in the previous step (its sampler over our [B, vocab] logits, relayed through
         `FutureMap.output_tokens_buf`), so it lies in [0, vocab). Ids a client sends are prompt ids:
-        they are refused at admission (hooks.check_tokenized on TokenizerManager._validate_one_request
-        and hooks.check_admitted on the scheduler's validate_input_length, both through
+        they are refused at admission (admission.check_tokenized on TokenizerManager._validate_one_request
+        and admission.check_admitted on the scheduler's validate_input_length, both through
         validation.ids_error), and every prompt id reaches the model in an extend forward, which
         keeps `_check_ids`, as do a retracted request's re-prefill and the mixed forward."""
         capacity = decode_capacity(host_max_seq_len(fb), int(req_to_token.shape[1]))
