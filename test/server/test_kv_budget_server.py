@@ -1,4 +1,4 @@
-"""SGLang's KV memory plan for our model (sglang/kv_budget.py), on a real server with the tiny checkpoint.
+"""SGLang's KV memory plan for our model (sglang/model/kv_budget.py), on a real server with the tiny checkpoint.
 
 One server, started with `--max-total-tokens 8192` (a user cap below the CPU platform's default of
 32768). Checked from its log and `/get_server_info`:

@@ -1,4 +1,4 @@
-"""SGLang's CUDA graphs for DeepSeek-V4.1 on CUDA (sglang/cuda_graphs.py), on SGLang 0.5.23's real
+"""SGLang's CUDA graphs for DeepSeek-V4.1 on CUDA (sglang/model/cuda_graphs.py), on SGLang 0.5.23's real
 ServerArgs and its real `handle_cuda_graph_config` step (no server launched, no model loaded: the model
 config is a fixture, which SGLang's `model_config_of` hands back as it is). Oracle: the resolved
 `disable_cuda_graph` / `cuda_graph_config` SGLang's ModelRunner reads to build its graph runners."""

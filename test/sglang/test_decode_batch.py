@@ -1,4 +1,4 @@
-"""The fixed-shape decode entry of the adapter (sglang/decode_batch.py) without a server: the real tiny
+"""The fixed-shape decode entry of the adapter (sglang/model/decode_batch.py) without a server: the real tiny
 model, `Runtime`, `KVPools` and `TokenStore`, fed by a stand-in ForwardBatch that carries only the
 tensors the builders read. Oracles: the dynamic `forward.build_batch` path (logits and every pool
 byte, bitwise), hand-computed capacity buckets, and a guard that makes any host read raise."""
