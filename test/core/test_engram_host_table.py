@@ -42,7 +42,7 @@ def test_invalid_values_name_the_variable(env, names):
 
 
 def test_sglang_model_refuses_a_bad_layout_at_construction(tiny_model, monkeypatch):
-    from sglang_dsv41.sglang.engram_host import EngramHostPlacement
+    from sglang_dsv41.sglang.model.engram_host import EngramHostPlacement
 
     monkeypatch.setenv(ENABLE_ENV, "1")
     monkeypatch.setenv(LAYOUT_ENV, "numa")

@@ -6,10 +6,15 @@
   is installed) imports nothing from `sglang_dsv41.layers`.
 Each half runs in a fresh interpreter (`python -c`) so that no other test's imports count. Oracle:
 `sys.modules` after the imports.
+- In the SGLang adapter, the request rules (`sglang_dsv41.sglang.requests`) import neither the hook
+  installer (`hooks`, `plugin`) nor the model adapter (`model`), and the model adapter imports neither
+  the request rules nor the installer. Oracle: every import statement of each module's source, those
+  inside functions included (`ast`), and `sys.modules` after importing the request rules.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -72,3 +77,57 @@ def test_kernel_package_imports_no_layers():
     out = _run(_KERNELS)
     assert {"dsv41_kernels.ops", "dsv41_kernels.twin_math", "dsv41_kernels.registry"} <= set(out["imported"])
     assert out["bad"] == [], f"dsv41_kernels imported {out['bad']}"
+
+
+ADAPTER = ROOT / "python" / "sglang_dsv41" / "sglang"
+INSTALLER = ("sglang_dsv41.sglang.hooks", "sglang_dsv41.sglang.plugin")
+
+
+def _imported_names(path: Path, package: str) -> set[str]:
+    """Every module an import statement in `path` names (function-level imports too; relative ones
+    resolved against `package`). `from a import b` counts as both `a` and `a.b`."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            names |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _forbidden_imports(subpackage: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {}
+    for path in sorted((ADAPTER / subpackage).glob("*.py")):
+        names = _imported_names(path, f"sglang_dsv41.sglang.{subpackage}")
+        hits = sorted(n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden))
+        if hits:
+            bad[path.name] = hits
+    return bad
+
+
+def test_request_rules_import_neither_installer_nor_model_adapter():
+    assert {"validation.py", "admission.py", "admin_endpoints.py"} <= {p.name for p in (ADAPTER / "requests").glob("*.py")}
+    bad = _forbidden_imports("requests", INSTALLER + ("sglang_dsv41.sglang.model",))
+    assert bad == {}, f"request rules import back from the installer or the model adapter: {bad}"
+
+
+def test_model_adapter_imports_neither_installer_nor_request_rules():
+    assert {"deepseek_v41.py", "kv_budget.py"} <= {p.name for p in (ADAPTER / "model").glob("*.py")}
+    bad = _forbidden_imports("model", INSTALLER + ("sglang_dsv41.sglang.requests",))
+    assert bad == {}, f"the model adapter imports the installer or the request rules: {bad}"
+
+
+_REQUESTS = _PRELUDE + """
+imported = walk("sglang_dsv41.sglang.requests")
+bad = sorted(m for m in sys.modules if m in ("sglang_dsv41.sglang.hooks", "sglang_dsv41.sglang.plugin")
+             or m.startswith("sglang_dsv41.sglang.model"))
+print(json.dumps({"imported": imported, "bad": bad}))
+"""
+
+
+def test_importing_request_rules_loads_no_installer_and_no_model_adapter():
+    out = _run(_REQUESTS)
+    assert "sglang_dsv41.sglang.requests.admission" in out["imported"]
+    assert out["bad"] == [], f"importing the request rules imported {out['bad']}"

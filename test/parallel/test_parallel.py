@@ -131,11 +131,11 @@ def test_plans_that_cannot_split_name_the_flag(tiny_model):
 
 
 def test_server_args_accept_tp_and_ep_and_name_what_cannot_run(monkeypatch):
-    """SGLang flags (sglang/server_args.py): --tp-size N with --ep-size 1 or N are served; the rest
+    """SGLang flags (sglang/model/server_args.py): --tp-size N with --ep-size 1 or N are served; the rest
     fails at startup naming the flag."""
     from types import SimpleNamespace
 
-    from sglang_dsv41.sglang.server_args import CPU_BIND_VAR, _flag_errors, validate_flags
+    from sglang_dsv41.sglang.model.server_args import CPU_BIND_VAR, _flag_errors, validate_flags
 
     monkeypatch.setenv(CPU_BIND_VAR, "0|1")
     for tp, ep in ((2, 1), (2, 2), (8, 8)):

@@ -64,7 +64,7 @@ def test_adapter_applies_the_kernel_op_table_on_cuda_only(tiny_dir):
     from sglang_dsv41.engram_host import HostEngramTable
     from sglang_dsv41.engram_host.loader import load_model_host_tables
     from sglang_dsv41.runtime.kernels import _slotted
-    from sglang_dsv41.sglang.deepseek_v41 import apply_kernels
+    from sglang_dsv41.sglang.model.deepseek_v41 import apply_kernels
 
     model, _ = load_model_host_tables(tiny_dir, "shared", progress=False)
     assert apply_kernels(model, torch.device("cpu")) is None

@@ -1,4 +1,4 @@
-"""SGLang's KV memory plan for our model (sglang/kv_budget.py), on a real server with the tiny checkpoint.
+"""SGLang's KV memory plan for our model (sglang/model/kv_budget.py), on a real server with the tiny checkpoint.
 
 One server, started with `--max-total-tokens 8192` (a user cap below the CPU platform's default of
 32768). Checked from its log and `/get_server_info`:
@@ -53,7 +53,7 @@ def test_generic_pool_holds_no_bytes_per_token(server):
 
 def test_budget_from_our_bytes_and_user_cap_wins(server, tiny_reference):
     from sglang_dsv41.runtime.pools import KVPools
-    from sglang_dsv41.sglang.kv_budget import our_bytes_per_token, token_budget
+    from sglang_dsv41.sglang.model.kv_budget import our_bytes_per_token, token_budget
 
     cfg = tiny_reference.cfg
     m = BUDGET.search(server.log_text())

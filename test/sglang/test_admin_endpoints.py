@@ -1,4 +1,4 @@
-"""The admin-route rules of `sglang_dsv41.sglang.admin_endpoints` without a server (the routes themselves:
+"""The admin-route rules of `sglang_dsv41.sglang.requests.admin_endpoints` without a server (the routes themselves:
 test/server/test_robustness.py::test_admin_profile_and_memory_routes_keep_the_server)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsv41.sglang.admin_endpoints import (
+from sglang_dsv41.sglang.requests.admin_endpoints import (
     PROFILER_ACTIVITIES,
     logging_request_error,
     output_dir_error,

@@ -1,4 +1,4 @@
-"""SGLang's CUDA graphs for DeepSeek-V4.1 on CUDA (sglang/cuda_graphs.py), on SGLang 0.5.23's real
+"""SGLang's CUDA graphs for DeepSeek-V4.1 on CUDA (sglang/model/cuda_graphs.py), on SGLang 0.5.23's real
 ServerArgs and its real `handle_cuda_graph_config` step (no server launched, no model loaded: the model
 config is a fixture, which SGLang's `model_config_of` hands back as it is). Oracle: the resolved
 `disable_cuda_graph` / `cuda_graph_config` SGLang's ModelRunner reads to build its graph runners."""
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsv41.sglang import cuda_graphs, hooks
-from sglang_dsv41.sglang.server_args import ARCHITECTURE
+from sglang_dsv41.sglang import hooks
+from sglang_dsv41.sglang.model import cuda_graphs
+from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 
 STEP = "handle_cuda_graph_config"
 
@@ -98,8 +99,11 @@ def test_registered_on_sglangs_step(monkeypatch):
     from sglang.srt.arg_groups import model_override_base, resolution_hooks
 
     assert STEP in resolution_hooks._OVERRIDABLE_HOOKS
-    assert hooks._targets("." + STEP)
+    from sglang.srt.arg_groups.cuda_graph_hook import handle_cuda_graph_config
+
+    (row,) = [h for h in hooks.HOOKS if h.target.endswith("." + STEP)]
+    assert row.kind == hooks.STEP and hooks.resolve(row.target) is handle_cuda_graph_config
     monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
     monkeypatch.setattr(model_override_base, "register_model_override", lambda arch: (lambda fn: fn))
-    hooks._install_server_arg_hooks()
+    hooks.apply(row)
     assert resolution_hooks._HOOKS[STEP] == [cuda_graphs.cuda_graphs_off_step]

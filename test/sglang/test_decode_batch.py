@@ -1,4 +1,4 @@
-"""The fixed-shape decode entry of the adapter (sglang/decode_batch.py) without a server: the real tiny
+"""The fixed-shape decode entry of the adapter (sglang/model/decode_batch.py) without a server: the real tiny
 model, `Runtime`, `KVPools` and `TokenStore`, fed by a stand-in ForwardBatch that carries only the
 tensors the builders read. Oracles: the dynamic `forward.build_batch` path (logits and every pool
 byte, bitwise), hand-computed capacity buckets, and a guard that makes any host read raise."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sglang_dsv41.runtime import KVPools, Runtime
-from sglang_dsv41.sglang.decode_batch import CAPACITY_FLOOR, build_decode_batch, decode_capacity, host_max_seq_len
-from sglang_dsv41.sglang.forward import TokenStore, build_batch, plan_logits
+from sglang_dsv41.sglang.model.decode_batch import CAPACITY_FLOOR, build_decode_batch, decode_capacity, host_max_seq_len
+from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, plan_logits
 
 PAGE = 16
 TABLE_WIDTH = 512

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from sglang_dsv41.sglang import hooks
-from sglang_dsv41.sglang.forward import TokenStore, plan_logits
-from sglang_dsv41.sglang.server_args import (ARCHITECTURE, _flag_errors, resolve_decoder_replay, resolve_model_name,
+from sglang_dsv41.sglang.model import cpu_host_alloc, registration
+from sglang_dsv41.sglang.model.forward import TokenStore, plan_logits
+from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, _flag_errors, resolve_decoder_replay, resolve_model_name,
                                              v41_defaults, validate_flags)
 
 
@@ -23,7 +24,9 @@ def test_hook_target_exists(hook):
 def test_wrapped_resolution_steps_are_overridable():
     from sglang.srt.arg_groups.resolution_hooks import _OVERRIDABLE_HOOKS
 
-    assert {"handle_model_source_paths", "handle_missing_default_values"} <= _OVERRIDABLE_HOOKS
+    steps = {h.target.rsplit(".", 1)[1] for h in hooks.HOOKS if h.kind == hooks.STEP}
+    assert steps == {"handle_model_source_paths", "handle_missing_default_values", "handle_cuda_graph_config"}
+    assert steps <= _OVERRIDABLE_HOOKS
 
 
 def test_architecture_kept_on_our_class():
@@ -32,10 +35,10 @@ def test_architecture_kept_on_our_class():
     raw = {"architectures": [ARCHITECTURE], "model_type": "deepseek_v41", "text_config": {"hidden_size": 8}}
     rewritten = normalize_deepseek_v41_config(raw)
     assert rewritten["architectures"] == ["DeepseekV4ForCausalLM"]  # SGLang's own rewrite, which we undo
-    kept = hooks.keep_v41_architecture(rewritten, raw)
+    kept = registration.keep_v41_architecture(rewritten, raw)
     assert kept["architectures"] == [ARCHITECTURE] and kept["hidden_size"] == 8
     other = {"architectures": ["DeepseekV4ForCausalLM"]}
-    assert hooks.keep_v41_architecture(dict(other), other)["architectures"] == ["DeepseekV4ForCausalLM"]
+    assert registration.keep_v41_architecture(dict(other), other)["architectures"] == ["DeepseekV4ForCausalLM"]
 
 
 def test_entry_points_registered():
@@ -48,7 +51,7 @@ def test_entry_points_registered():
 def test_model_class_registered_from_external_package():
     from sglang.srt.models.registry import import_model_classes
 
-    assert ARCHITECTURE in import_model_classes(hooks.EXTERNAL_PACKAGE)
+    assert ARCHITECTURE in import_model_classes(registration.EXTERNAL_PACKAGE)
 
 
 def test_platform_class_is_built_once_without_module_state():
@@ -62,22 +65,45 @@ def test_platform_class_is_built_once_without_module_state():
 @pytest.mark.parametrize("front_end", [True, False])
 def test_install_registers_request_validation_only_in_the_front_end(monkeypatch, front_end):
     """install() keeps no state of its own; the request-validation hooks (which import the HTTP server)
-    are registered only where the HTTP server and tokenizer manager run."""
-    calls = []
-    for name in ("_install_model_package", "_install_architecture_hook", "_install_server_arg_hooks",
-                 "_install_admission_check", "_install_cpu_host_alloc", "_install_request_validation"):
-        monkeypatch.setattr(hooks, name, lambda name=name: calls.append(name))
+    are registered only where the HTTP server and tokenizer manager run. Oracle: SGLang's registries
+    after install(), with every registry swapped for an empty copy."""
+    from sglang.srt.arg_groups import model_override_base, resolution_hooks
+    from sglang.srt.mem_cache.pool_host import common
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
+
+    registered, providers = {}, []
+    monkeypatch.setattr(HookRegistry, "register", lambda target, fn, kind: registered.setdefault(target, (kind, fn)))
+    monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
+    monkeypatch.setattr(model_override_base, "register_model_override", lambda arch: providers.append(arch) or (lambda fn: fn))
+    monkeypatch.setattr(ModelRegistry, "models", {k: v for k, v in ModelRegistry.models.items() if k != ARCHITECTURE})
+    monkeypatch.setitem(common.ALLOC_MEMORY_FUNCS, "cpu", common.ALLOC_MEMORY_FUNCS.default_factory())
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglang_dsv41.sglang.model")  # registry imported: direct
     monkeypatch.setattr(hooks, "_front_end_process", lambda: front_end)
     hooks.install()
-    assert ("_install_request_validation" in calls) == front_end
-    assert "_install_admission_check" in calls and "_installed" not in vars(hooks)
+
+    from sglang.srt.plugins.hook_registry import HookType
+
+    validate = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+    assert (validate in registered) == front_end
+    assert registered.get("sglang.srt.managers.utils.validate_input_length", (None,))[0] is HookType.AFTER
+    assert (("sglang.srt.entrypoints.http_server._setup_and_run_http_server" in registered) == front_end)
+    assert set(resolution_hooks._HOOKS) == {"handle_model_source_paths", "handle_missing_default_values",
+                                            "handle_cuda_graph_config"}
+    assert providers == [ARCHITECTURE]
+    assert ModelRegistry.models[ARCHITECTURE] is DeepseekV41ForCausalLM
+    assert common.ALLOC_MEMORY_FUNCS["cpu"] is cpu_host_alloc.alloc_host_unpinned
+    assert "_installed" not in vars(hooks)
 
 
-def test_every_registered_target_is_listed():
-    """The install code names its HookRegistry targets only through HOOKS (so the test above covers them)."""
-    for suffix in ("._validate_request", ".generate_contract_error", "._validate_one_request", "._tokenize_texts",
-                   ".validate_input_length", "._setup_and_run_http_server", ".get_global_state"):
-        assert hooks._targets(suffix), suffix
+def test_every_row_is_installable():
+    """Each row names a known kind and carries our function, except `read` rows, which install nothing."""
+    for hook in hooks.HOOKS:
+        assert hook.kind in hooks.KINDS, hook.target
+        assert (hook.fn is None) == (hook.kind == hooks.READ), hook.target
+    assert len({(h.target, h.kind) for h in hooks.HOOKS}) == len(hooks.HOOKS)  # one row per hook
 
 
 def test_platform_never_claims_a_cuda_machine(monkeypatch):
@@ -189,8 +215,8 @@ def test_routed_experts_capturer_on_cpu(monkeypatch):
 
     # Start from what SGLang does alone: "cpu" resolves to its cudaHostRegister default.
     monkeypatch.setitem(common.ALLOC_MEMORY_FUNCS, "cpu", common.ALLOC_MEMORY_FUNCS.default_factory())
-    hooks._install_cpu_host_alloc()
-    assert common.ALLOC_MEMORY_FUNCS["cpu"] is hooks.alloc_host_unpinned
+    cpu_host_alloc.add_cpu_allocator()
+    assert common.ALLOC_MEMORY_FUNCS["cpu"] is cpu_host_alloc.alloc_host_unpinned
 
     cap = BaseTopkCapturer(num_tokens=16, max_batch_size=4, num_layers=3, topk_size=2, device="cpu", name="t")
     ids = torch.arange(18, dtype=torch.int32).reshape(3, 3, 2)  # [layer, token, k]

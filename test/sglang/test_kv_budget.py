@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsv41.sglang import kv_budget
-from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+from sglang_dsv41.sglang.model import kv_budget
+from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
 
 def test_token_budget_by_hand():

@@ -1,4 +1,4 @@
-"""Request validation rules without a server (python/sglang_dsv41/sglang/validation.py) and the hook
+"""Request validation rules without a server (python/sglang_dsv41/sglang/requests/validation.py) and the hook
 adapters that apply them to SGLang's objects. Oracles: hand-built requests with the expected field in the
 message, SGLang's own request classes (GenerateReqInput, CompletionRequest, ChatCompletionRequest), and
 the tiny checkpoint's real tokenizer for the byte budget (checked against actual token counts)."""
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsv41.sglang import hooks
-from sglang_dsv41.sglang.validation import (
+from sglang_dsv41.sglang.requests import admission, error_handlers
+from sglang_dsv41.sglang.requests.validation import (
     MAX_N,
     Limits,
     admitted_error,
@@ -182,7 +182,7 @@ def test_chat_request(kw, fragment):
 ])
 def test_stop_regex_patterns(pattern, fragment):
     """Parse errors and patterns Python's backtracking matcher could spend super-linear time on are refused."""
-    from sglang_dsv41.sglang.stop_regex import pattern_error
+    from sglang_dsv41.sglang.requests.stop_regex import pattern_error
 
     err = pattern_error(pattern, "stop_regex")
     assert (err is None) if fragment is None else (err.startswith("stop_regex: ") and fragment in err), err
@@ -203,12 +203,12 @@ def test_tokenized_request_from_sglang_objects():
 
 
 def test_scheduler_admission_check():
-    """hooks.check_admitted on a Req-like object: SGLang's own error wins, ours follows, clean passes."""
+    """admission.check_admitted on a Req-like object: SGLang's own error wins, ours follows, clean passes."""
     req = SimpleNamespace(origin_input_ids=[3, V], vocab_size=V, top_logprobs_num=0)
-    assert hooks.check_admitted("too long", req) == "too long"
-    assert "input_ids[1]" in hooks.check_admitted(None, req)
-    assert "the prompt is empty" in hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[], vocab_size=V))
-    assert hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=V)) is None
+    assert admission.check_admitted("too long", req) == "too long"
+    assert "input_ids[1]" in admission.check_admitted(None, req)
+    assert "the prompt is empty" in admission.check_admitted(None, SimpleNamespace(origin_input_ids=[], vocab_size=V))
+    assert admission.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=V)) is None
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     for kw, fragment in [({"top_k": 2**40}, "top_k"), ({"logit_bias": {"3": 1e308}}, "logit_bias"),
@@ -216,22 +216,22 @@ def test_scheduler_admission_check():
         sp = SamplingParams(**kw)
         sp.normalize(None)
         req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, sampling_params=sp)
-        assert fragment in hooks.check_admitted(None, req)
+        assert fragment in admission.check_admitted(None, req)
     sp = SamplingParams()
     sp.normalize(None)
     sp.stop_regex_strs = ["x", "(a|aa)*b"]  # normalize needs a tokenizer for a stop regex; set its result
     req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, sampling_params=sp)
-    assert "sampling_params.stop_regex[1]: an alternation inside a repeat" in hooks.check_admitted(None, req)
+    assert "sampling_params.stop_regex[1]: an alternation inside a repeat" in admission.check_admitted(None, req)
     sp = SamplingParams(top_k=-1, stop_token_ids=[V - 1], logit_bias={"0": -100})
     sp.normalize(None)  # top_k -1 becomes SGLang's TOP_K_ALL
-    assert hooks.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0,
+    assert admission.check_admitted(None, SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0,
                                                       sampling_params=sp)) is None
     assert admitted_error([3], None, 0) is None  # a Req without a vocabulary size: nothing to check against
 
 
 def test_model_forward_refuses_ids_outside_the_vocabulary():
     """The last line (DeepseekV41ForCausalLM._check_ids), on a stand-in for the model and batch."""
-    from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+    from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
     model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=V))
     fb = SimpleNamespace(rids=["a", "b"])
@@ -273,11 +273,11 @@ def test_raised_reading_body():
     try:
         request_body_to_args()
     except AttributeError as e:
-        assert not hooks.raised_reading_body(e)  # same name, but not FastAPI's file
+        assert not error_handlers.raised_reading_body(e)  # same name, but not FastAPI's file
     try:
         raise KeyError("x")
     except KeyError as e:
-        assert not hooks.raised_reading_body(e)
+        assert not error_handlers.raised_reading_body(e)
 
 
 def test_vertex_request_body_and_error_names():
@@ -303,15 +303,15 @@ def test_raised_building_vertex_request():
     try:
         vertex_generate()
     except TypeError as e:
-        assert not hooks.raised_building_vertex_request(e)
+        assert not error_handlers.raised_building_vertex_request(e)
     try:
         raise TypeError("x")
     except TypeError as e:
-        assert not hooks.raised_building_vertex_request(e)  # not raised inside the route at all
+        assert not error_handlers.raised_building_vertex_request(e)  # not raised inside the route at all
 
 
 def test_large_texts_tokenize_off_the_event_loop():
-    """hooks.tokenize_texts runs SGLang's coroutine in a worker thread for large inputs only."""
+    """admission.tokenize_texts runs SGLang's coroutine in a worker thread for large inputs only."""
     import threading
 
     seen = []
@@ -322,9 +322,9 @@ def test_large_texts_tokenize_off_the_event_loop():
 
     tm = SimpleNamespace(tokenizer=None, model_config=SimpleNamespace(vocab_size=V), context_len=10**9,
                          async_dynamic_batch_tokenizer=None)
-    assert asyncio.run(hooks.tokenize_texts(original, tm, "small")) == "small"
-    big = ["x" * hooks.OFF_LOOP_TOKENIZE_CHARS]
-    assert asyncio.run(hooks.tokenize_texts(original, tm, big)) == big
+    assert asyncio.run(admission.tokenize_texts(original, tm, "small")) == "small"
+    big = ["x" * admission.OFF_LOOP_TOKENIZE_CHARS]
+    assert asyncio.run(admission.tokenize_texts(original, tm, big)) == big
     assert seen == [True, False]
 
 
@@ -335,7 +335,7 @@ def test_large_tokenize_requests_run_off_the_event_loop():
 
     from sglang.srt.entrypoints.openai.protocol import TokenizeRequest
 
-    from sglang_dsv41.sglang import other_endpoints
+    from sglang_dsv41.sglang.requests import other_endpoints
 
     seen = []
 
@@ -344,7 +344,7 @@ def test_large_tokenize_requests_run_off_the_event_loop():
         return SimpleNamespace(max_model_len=1)
 
     serving = SimpleNamespace(tokenizer_manager=SimpleNamespace(model_config=SimpleNamespace(context_len=4096)))
-    big = "x" * hooks.OFF_LOOP_TOKENIZE_CHARS
+    big = "x" * admission.OFF_LOOP_TOKENIZE_CHARS
     requests = [TokenizeRequest(prompt="small"), TokenizeRequest(prompt=["a", big]),
                 TokenizeRequest(messages=[{"role": "user", "content": [{"type": "text", "text": big}]}])]
     for request in requests:
@@ -371,7 +371,7 @@ def test_detokenize_ids():
     ("(" * 5000 + "a" + ")" * 5000, "stop_regex: at most 4096 characters"), ([], None), (["\\n\\n+"] * 64, None),
 ])
 def test_stop_regex_types_and_sizes(value, fragment):
-    from sglang_dsv41.sglang.validation import stop_regex_error
+    from sglang_dsv41.sglang.requests.validation import stop_regex_error
 
     err = stop_regex_error(value)
     assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
@@ -383,7 +383,7 @@ def test_stop_regex_types_and_sizes(value, fragment):
     (["a", ""], "stop[1]: an empty stop string"), (["</answer>", "\n\n"], None),
 ])
 def test_stop_strings_types_and_sizes(value, fragment):
-    from sglang_dsv41.sglang.validation import stop_strings_error
+    from sglang_dsv41.sglang.requests.validation import stop_strings_error
 
     err = stop_strings_error(value)
     assert (err is None) if fragment is None else (err is not None and err.startswith(fragment)), err
@@ -402,13 +402,13 @@ def test_embedding_overrides_are_refused_at_every_point():
     obj = GenerateReqInput(input_ids=[5, 6], positional_embed_overrides={"positions": [0], "embeds": [[1.0]]})
     assert "positional_embed_overrides: input-embedding overrides" in tokenized_error(obj, [5, 6], V)
     req = SimpleNamespace(origin_input_ids=[3], vocab_size=V, top_logprobs_num=0, positional_embed_overrides=object())
-    assert "positional_embed_overrides" in hooks.check_admitted(None, req)
+    assert "positional_embed_overrides" in admission.check_admitted(None, req)
 
 
 def test_score_request():
     from sglang.srt.entrypoints.openai.protocol import ScoringRequest
 
-    from sglang_dsv41.sglang.other_endpoints import score_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import score_request_error
 
     ok = dict(query="Is it", items=["yes", "no"], label_token_ids=[5, 6])
     assert score_request_error(ScoringRequest(**ok)) is None
@@ -438,7 +438,7 @@ def test_score_request():
 def test_ollama_generate_request(fields, fragment):
     from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateRequest
 
-    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import ollama_request_error
 
     base = {"model": "m", "prompt": "hi", "options": {"num_predict": 2}}
     assert ollama_request_error(OllamaGenerateRequest(**base)) is None
@@ -448,7 +448,7 @@ def test_ollama_generate_request(fields, fragment):
 def test_ollama_chat_request():
     from sglang.srt.entrypoints.ollama.protocol import OllamaChatRequest
 
-    from sglang_dsv41.sglang.other_endpoints import ollama_request_error
+    from sglang_dsv41.sglang.requests.other_endpoints import ollama_request_error
 
     ok = OllamaChatRequest(model="m", messages=[{"role": "user", "content": "hi"}],
                            options={"num_predict": 3, "temperature": 0, "top_k": -1, "stop": "x", "seed": 1})
@@ -463,7 +463,7 @@ def test_ollama_stream_errors_surface_before_the_header():
     (which answers 400); a good stream keeps every chunk, in order."""
     from fastapi.responses import StreamingResponse
 
-    from sglang_dsv41.sglang.other_endpoints import _start_stream
+    from sglang_dsv41.sglang.requests.other_endpoints import _start_stream
 
     async def failing():
         raise ValueError("top_p must be in (0, 1]")

@@ -1,15 +1,17 @@
 """The SGLang adapter: everything that imports SGLang lives in this package.
 
-  platform.py     out-of-tree CPU platform (entry point `sglang.srt.platforms`), CPU-only machines
-  plugin.py       general plugin (entry point `sglang.srt.plugins`): env, model registration, hooks
-  hooks.py        every hook into SGLang internals, each naming the function it wraps and why
-  server_args.py  V4.1 server-arg defaults and rejected features (plain functions, no SGLang import)
-  cuda_graphs.py  SGLang's CUDA graphs off for V4.1 on CUDA (no capture-safe entry wired into SGLang's runners)
-  forward.py      ForwardBatch -> runtime `Batch` (+ the Engram token-id store), logits output
-  decode_batch.py pure-decode ForwardBatch -> fixed-shape `Batch` (no host read; capacity buckets)
-  deepseek_v41.py the model class `DeepseekV41ForCausalLM` SGLang builds (EntryClass)
-  report.py       the startup report block
+  platform.py   out-of-tree CPU platform (entry point `sglang.srt.platforms`), CPU-only machines
+  plugin.py     general plugin (entry point `sglang.srt.plugins`): CPU env, then `hooks.install()`
+  hooks.py      the hook table: every hook into SGLang internals, one row each (target, kind, our function, why)
+  model/        the model adapter: the model class SGLang builds (`deepseek_v41.py`, the only `EntryClass`),
+                ForwardBatch -> runtime `Batch` (forward.py, decode_batch.py), KV budget, request windows,
+                server-arg rules and resolution steps, CUDA graphs, Engram host tables, tensor parallelism,
+                model registration, the CPU host allocator
+  requests/     request hardening: validation rules (validation.py, stop_regex.py), the hook functions that
+                apply them at admission (admission.py), Ollama / score / tokenize rules (other_endpoints.py),
+                admin routes (admin_endpoints.py), HTTP error handlers (error_handlers.py)
 
-SGLang discovers this package as its external model package (`SGLANG_EXTERNAL_MODEL_PACKAGE`, set by
-the plugin); only `deepseek_v41.py` defines an `EntryClass`.
+Dependencies point one way: hooks.py imports both subpackages; `requests/` and `model/` import neither
+hooks.py nor each other (test/core/test_import_graph.py). SGLang discovers `model/` as its external model
+package (`SGLANG_EXTERNAL_MODEL_PACKAGE`, set by the plugin).
 """

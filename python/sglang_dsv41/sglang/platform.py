@@ -31,6 +31,13 @@ def _accelerator_present() -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
+def on_our_cpu_platform() -> bool:
+    """Whether SGLang's resolved platform (`current_platform`) is this module's Dsv41CpuPlatform."""
+    from sglang.srt.platforms import current_platform
+
+    return type(current_platform).__name__ == "Dsv41CpuPlatform"
+
+
 def activate() -> str | None:
     """Entry point `sglang.srt.platforms:dsv41_cpu`."""
     if _accelerator_present() or os.environ.get("SGLANG_USE_CPU_ENGINE"):

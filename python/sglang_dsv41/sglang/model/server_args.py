@@ -1,7 +1,7 @@
 """V4.1 server-arg defaults and the SGLang features V4.1 rejects (spec model 8.2).
 
 Plain functions over any object with ServerArgs attribute names, so they test without SGLang. The
-plugin registers `v41_overrides` with SGLang's per-architecture override registry (hooks.py); it
+plugin registers `v41_overrides` with SGLang's per-architecture override registry (arg_resolution.py); it
 returns the fields to default and raises `ValueError` naming the flag for an unsupported combination.
 """
 
@@ -39,7 +39,7 @@ def resolve_model_name(name: str) -> tuple[str, str | None]:
 
 def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
     """(flag, why) for every requested feature V4.1 (or this implementation) cannot serve.
-    `--enable-return-routed-experts` is served on every device (on CPU through hooks.py's host allocator)."""
+    `--enable-return-routed-experts` is served on every device (on CPU through cpu_host_alloc.py)."""
     spec = getattr(cfg, "speculative_algorithm", None)
     tp, ep = getattr(cfg, "tp_size", 1) or 1, getattr(cfg, "ep_size", 1) or 1
     total, page = getattr(cfg, "max_total_tokens", None), getattr(cfg, "page_size", None) or DEFAULT_PAGE_SIZE

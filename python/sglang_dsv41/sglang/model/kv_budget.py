@@ -57,7 +57,7 @@ def our_bytes_per_token(cfg, window_rings: bool) -> float:
 
 
 def _ours(kvc) -> bool:
-    from sglang_dsv41.sglang.deepseek_v41 import DeepseekV41ForCausalLM
+    from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
     return isinstance(kvc.model, DeepseekV41ForCausalLM) and not kvc.is_draft_worker
 
@@ -120,7 +120,7 @@ def size_from_our_bytes(result, kvc, *args, **kwargs):
     from sglang.srt.runtime_context import get_schedule
 
     from sglang_dsv41.runtime.pools import KVPools
-    from sglang_dsv41.sglang.server_args import swa_replay_modes
+    from sglang_dsv41.sglang.model.server_args import swa_replay_modes
 
     cfg, rings = kvc.model.cfg, swa_replay_modes().encoder
     requested = get_schedule().max_running_requests

@@ -3,7 +3,7 @@
 SGLang's scheduler cannot isolate a failure inside a forward (an exception in `run_batch` ends the
 scheduler process, and the launcher then takes the whole server down), so a request the model cannot
 serve must be refused before it is batched. These are plain functions over request values (no SGLang
-import); hooks.py calls them at four points, and each refusal becomes a 4xx whose message names the field:
+import); admission.py calls them at four points, and each refusal becomes a 4xx whose message names the field:
 
   entry      `/generate` JSON body, OpenAI completions / chat request objects: rules that depend on the
              endpoint (`max_tokens` >= 1, `n`, field names as the client wrote them)
@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from sglang_dsv41.sglang.stop_regex import pattern_error
+from sglang_dsv41.sglang.requests.stop_regex import pattern_error
 
 MAX_N = 128
 """Most samples one request may ask for (`n`), on every endpoint (OpenAI's own cap)."""
@@ -46,7 +46,7 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What the served model and server accept (built from the tokenizer manager by hooks.py)."""
+    """What the served model and server accept (built from the tokenizer manager by admission.py)."""
 
     vocab_size: int
     context_len: int
@@ -320,7 +320,7 @@ def vertex_request_body(body: dict) -> dict | None:
     `/generate` body SGLang builds from it (the first instance's input kind from every instance, plus the
     parameters), or None when the body is not of that shape (SGLang's own checks answer those). SGLang checks
     the `/generate` contract on the vertex body itself, so neither its contract nor our rules saw these fields
-    (`max_new_tokens: 0` answered an empty 200, `sampling_params: "x"` was a 500); hooks.py checks this body."""
+    (`max_new_tokens: 0` answered an empty 200, `sampling_params: "x"` was a 500); admission.py checks this body."""
     instances, params = body.get("instances"), body.get("parameters") or {}
     if not (isinstance(instances, list) and instances and all(isinstance(i, dict) for i in instances)
             and isinstance(params, dict)):

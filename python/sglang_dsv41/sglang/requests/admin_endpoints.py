@@ -33,7 +33,7 @@ import os
 import tempfile
 from typing import Any
 
-from sglang_dsv41.sglang.validation import _is_int
+from sglang_dsv41.sglang.requests.validation import _is_int
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,10 @@ async def checked_profile(original, tm, req, *args, **kwargs):
     from fastapi import HTTPException
     from sglang.srt.managers.io_struct import ProfileReqType
 
-    from sglang_dsv41.sglang.hooks import _on_our_cpu_platform
+    from sglang_dsv41.sglang.platform import on_our_cpu_platform
 
     if req.req_type == ProfileReqType.START_PROFILE:
-        error = profile_request_error(req, _on_our_cpu_platform())
+        error = profile_request_error(req, on_our_cpu_platform())
         if error:
             raise HTTPException(status_code=400, detail=error)
     try:
@@ -169,9 +169,9 @@ async def checked_weight_group(original, tm, obj, *args, **kwargs):
     """AROUND hook on `async TokenizerControlMixin.init_weights_update_group(self, obj, request)` -> (False, why)
     (the route's 400) for a group that cannot form: the scheduler otherwise blocks in the group's rendezvous
     (an NCCL group on the CPU server, or a master that does not exist, held it until the process timeout)."""
-    from sglang_dsv41.sglang.hooks import _on_our_cpu_platform
+    from sglang_dsv41.sglang.platform import on_our_cpu_platform
 
-    error = weight_group_error(obj, getattr(tm.server_args, "tp_size", 1) or 1, _on_our_cpu_platform())
+    error = weight_group_error(obj, getattr(tm.server_args, "tp_size", 1) or 1, on_our_cpu_platform())
     if error:
         return False, error
     return await original(tm, obj, *args, **kwargs)
@@ -214,9 +214,9 @@ async def refuse_memory_occupation_on_cpu(original, tm, obj, *args, **kwargs):
     """AROUND hook on `async TokenizerControlMixin.release_memory_occupation / resume_memory_occupation(self,
     obj, request)`: on our CPU platform a ValueError, which the route answers with a 400, before the scheduler
     sees the request. Elsewhere SGLang's own."""
-    from sglang_dsv41.sglang.hooks import _on_our_cpu_platform
+    from sglang_dsv41.sglang.platform import on_our_cpu_platform
 
-    if _on_our_cpu_platform():
+    if on_our_cpu_platform():
         raise ValueError(MEMORY_OCCUPATION_ON_CPU)
     return await original(tm, obj, *args, **kwargs)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sglang_dsv41.sglang.validation import (
+from sglang_dsv41.sglang.requests.validation import (
     OFF_LOOP_TOKENIZE_CHARS,
     _first,
     _is_int,
@@ -122,7 +122,7 @@ async def ollama_request(original, serving, request, raw_request, *args, **kwarg
     """AROUND hook on `async OllamaServing.handle_generate / handle_chat(self, request, raw_request)`."""
     from fastapi.responses import StreamingResponse
 
-    from sglang_dsv41.sglang.hooks import model_name_error
+    from sglang_dsv41.sglang.requests.admission import model_name_error
 
     tm = serving.tokenizer_manager
     error = model_name_error(tm, request.model) or ollama_request_error(request)
@@ -143,7 +143,7 @@ async def ollama_request(original, serving, request, raw_request, *args, **kwarg
 def ollama_show(original, serving, model, *args, **kwargs):
     """AROUND hook on OllamaServing.get_show(self, model): a model this server does not serve is a 404 (SGLang
     described any name as a model of the served context length)."""
-    from sglang_dsv41.sglang.hooks import model_name_error
+    from sglang_dsv41.sglang.requests.admission import model_name_error
 
     error = model_name_error(serving.tokenizer_manager, model)
     if error:
@@ -190,7 +190,7 @@ async def tokenize_context(original, serving, adapted_request, *args, **kwargs):
     request, raw_request)`: `max_model_len` is the server's context length (SGLang reported the tokenizer's
     `model_max_length`, 1048576 here, so a client sizing its prompts by it was told too much fits). SGLang
     tokenizes on the event loop (a 4 MB prompt held every other client for 8 s); a large request runs
-    SGLang's handler in a worker thread, as generate prompts do (hooks.tokenize_texts)."""
+    SGLang's handler in a worker thread, as generate prompts do (admission.tokenize_texts)."""
     if tokenize_request_chars(adapted_request) < OFF_LOOP_TOKENIZE_CHARS:
         result = await original(serving, adapted_request, *args, **kwargs)
     else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.runtime.batch import Batch
-from sglang_dsv41.sglang.forward import TokenStore
+from sglang_dsv41.sglang.model.forward import TokenStore
 
 CAPACITY_FLOOR = 256
 """Smallest token-table width of a decode batch: one bucket for all short contexts."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_dsv41.sglang.server_args import ARCHITECTURE
+from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 
 logger = logging.getLogger(__name__)
 

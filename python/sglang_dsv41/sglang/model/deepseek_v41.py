@@ -25,13 +25,13 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.parallel import shard, take_shards, tensor_shards
 from sglang_dsv41.runtime import KVPools, Runtime
-from sglang_dsv41.sglang.engram_host import EngramHostPlacement
-from sglang_dsv41.sglang.request_windows import RequestWindows
-from sglang_dsv41.sglang.server_args import swa_replay_modes
-from sglang_dsv41.sglang.tensor_parallel import sglang_sharding
-from sglang_dsv41.sglang.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
-from sglang_dsv41.sglang.forward import TokenStore, build_batch, identity_logits, plan_logits
-from sglang_dsv41.sglang.report import startup_report
+from sglang_dsv41.sglang.model.engram_host import EngramHostPlacement
+from sglang_dsv41.sglang.model.request_windows import RequestWindows
+from sglang_dsv41.sglang.model.server_args import swa_replay_modes
+from sglang_dsv41.sglang.model.tensor_parallel import sglang_sharding
+from sglang_dsv41.sglang.model.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
+from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, identity_logits, plan_logits
+from sglang_dsv41.sglang.model.report import startup_report
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     def weight_update_error(self, path: str) -> str | None:
         """Why the checkpoint at `path` cannot update this model (None if it can), from its safetensors
-        headers. Checked before SGLang reads an update from disk (hooks.check_weight_update): after a
+        headers. Checked before SGLang reads an update from disk (weight_update.check_weight_update): after a
         failed load SGLang re-reads the same path to roll back, which would fail again and end the
         scheduler."""
         try:
@@ -171,7 +171,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         pools (kv_budget.allocate_at_load): one slot per SGLang token slot (`kv_pool.size + page`),
         one pending ratio-2 state (and, with encoder replay, one window ring) per `req_to_token` row.
         SGLang's `max_total_num_tokens` was sized from these bytes (kv_budget.size_from_our_bytes)."""
-        from sglang_dsv41.sglang.kv_budget import generic_pool_facts
+        from sglang_dsv41.sglang.model.kv_budget import generic_pool_facts
 
         page = int(getattr(kv_pool, "page_size", 1))
         num_slots = int(kv_pool.size) + page
@@ -240,8 +240,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         No `_check_ids` here (it is a host sync): a decode row's id is the token SGLang sampled for
         that request in the previous step (its sampler over our [B, vocab] logits, relayed through
         `FutureMap.output_tokens_buf`), so it lies in [0, vocab). Ids a client sends are prompt ids:
-        they are refused at admission (hooks.check_tokenized on TokenizerManager._validate_one_request
-        and hooks.check_admitted on the scheduler's validate_input_length, both through
+        they are refused at admission (admission.check_tokenized on TokenizerManager._validate_one_request
+        and admission.check_admitted on the scheduler's validate_input_length, both through
         validation.ids_error), and every prompt id reaches the model in an extend forward, which
         keeps `_check_ids`, as do a retracted request's re-prefill and the mixed forward."""
         capacity = decode_capacity(host_max_seq_len(fb), int(req_to_token.shape[1]))
