@@ -83,10 +83,10 @@ def test_kernel_package_imports_no_layers():
     assert set(out["core"]) <= KERNEL_MAY_IMPORT, f"dsv41_kernels imported {sorted(set(out['core']) - KERNEL_MAY_IMPORT)}"
 
 
-def test_shared_math_imports_only_the_reduction():
+def test_shared_math_imports_only_reduction_and_determinism():
     """`shared_math` is imported by layers and kernels alike: it must stay a leaf of the core."""
     out = _run(_PRELUDE + """
 import sglang_dsv41.shared_math
 print(json.dumps({"core": sorted(m for m in sys.modules if m.split(".")[0] == "sglang_dsv41")}))
 """)
-    assert out["core"] == ["sglang_dsv41", "sglang_dsv41.reduction", "sglang_dsv41.shared_math"], out["core"]
+    assert out["core"] == ["sglang_dsv41", "sglang_dsv41.determinism", "sglang_dsv41.reduction", "sglang_dsv41.shared_math"], out["core"]
