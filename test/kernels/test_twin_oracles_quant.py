@@ -187,7 +187,7 @@ def official_linear(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> torch
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
-@pytest.mark.parametrize("m, n, k", [(9, 100, 128), (3, 64, 256), (1, 33, 96)])
+@pytest.mark.parametrize("m, n, k", [(9, 100, 128), (3, 64, 256), (1, 33, 96), (64, 256, 2048)])
 def test_gemm_twins_equal_official(op, m, n, k):
     if op == "fp4_linear" and n % 32:
         n += 32 - n % 32
@@ -195,6 +195,21 @@ def test_gemm_twins_equal_official(op, m, n, k):
     w, ws = _weights(op, n, k, k)
     got = getattr(ops, op).torch(x, w, ws)
     assert_match(got, official_linear(x, w, ws), what=op)
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+def test_gemm_k_order_hand_worked(op):
+    """Weights all 1 (scale 2^0); x = 32 x 2^19 | 1, 0.. | 1, 0.. | 32 x -2^19. MXFP8 gives block partials
+    2^24, 1, 1, -2^24 (q = 256 at scales 2^11, 2^-8); added in K order from +0 in fp32: 2^24 + 1 and
+    then + 1 round to even (2^24), so the result is 0 where the exact sum is 2 (and a reversed order gives 2)."""
+    x = torch.zeros(1, 128)
+    x[0, :32], x[0, 32], x[0, 64], x[0, 96:] = 2.0**19, 1.0, 1.0, -(2.0**19)
+    if op == "fp8_linear":
+        w, ws = torch.ones(32, 128).to(torch.float8_e4m3fn), torch.full((1, 4), 127, dtype=torch.uint8)
+    else:
+        w, ws = torch.full((32, 64), 0x22, dtype=torch.uint8), torch.full((32, 4), 127, dtype=torch.uint8)
+    got = getattr(ops, op).torch(x.bfloat16(), w, ws)
+    assert got.dtype == torch.bfloat16 and got.tolist() == [[0.0] * 32]
 
 
 def _experts(e: int, hid: int, inter: int, seed: int):
