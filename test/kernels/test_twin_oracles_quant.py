@@ -8,8 +8,8 @@
 |                     | by hand (E2M1 table x 2^(e-127)); hand-worked stage-2 scale floor        |         |
 | index_query_quant   | official apply_rotary_emb -> fp4_act_quant(32) round trip                | bitwise |
 | index_scores        | float64 head sum of the bf16 terms (keys from the official round trip)   | bitwise but head-sum ties (kernel_compare) |
-| fp8_linear          | official act_quant + fp8_gemm (bf16 out)                                 | bitwise |
-| fp4_linear          | official act_quant + fp4_gemm (bf16 out)                                 | bitwise |
+| fp8_linear          | official act_quant + fp8_gemm (bf16 out): bitwise where its fp32 block   | bitwise |
+| fp4_linear          | partials cannot round, else 1 bf16 ulp; and a hand-worked K-order case   | / 1 ulp |
 | moe_experts         | official Expert (fp4 Linear, SwiGLU limit, weight before w2) per pair    | bitwise |
 | moe_combine         | official MoE.forward's accumulation (fake gate / experts feed it)        | bitwise |
 |                     | and a hand-worked case whose bits depend on the fp32 order               |         |
@@ -186,15 +186,37 @@ def official_linear(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> torch
         return model().linear(x, weight)
 
 
+def _order_free(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """bool [M, N]: every 32-wide block partial of output (m, n) is exact in fp32 in any summation order
+    (its products, at most 8 significant bits each, are multiples of u = 2^(e_min - 7) with 2^e_min <= the
+    smallest |product|, and sum |products| < 2^24 u). x: official act_quant input (bf16 [M, K]); w: the
+    weight values fp32 [N, K]."""
+    q, _ = kernel_cpu().act_quant(x, 32, "ue8m0", torch.float8_e8m0fnu)
+    m, k = q.shape
+    prods = q.double().view(m, 1, k // 32, 32) * w.double().view(1, -1, k // 32, 32)
+    mn = torch.where(prods != 0, prods.abs(), float("inf")).amin(-1)
+    unit = torch.ldexp(torch.ones_like(mn), torch.frexp(mn).exponent - 8)
+    return ((prods.abs().sum(-1) < unit * 2.0**24) | torch.isinf(mn)).all(-1)
+
+
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
 @pytest.mark.parametrize("m, n, k", [(9, 100, 128), (3, 64, 256), (1, 33, 96), (64, 256, 2048)])
 def test_gemm_twins_equal_official(op, m, n, k):
+    """Bitwise where DeepSeek's fp32 block partials (`a_blk @ b_blk.T`, BLAS order) cannot round (5-98%
+    of the outputs here); elsewhere within one bf16 ulp (docs/numerics.md 4b: its partial may be one fp32 ulp off the
+    exact one the twin rounds once)."""
     if op == "fp4_linear" and n % 32:
         n += 32 - n % 32
     x = _rows(m, k, m + n)
     w, ws = _weights(op, n, k, k)
-    got = getattr(ops, op).torch(x, w, ws)
-    assert_match(got, official_linear(x, w, ws), what=op)
+    got, want = getattr(ops, op).torch(x, w, ws), official_linear(x, w, ws)
+    wv = w.float() if op == "fp8_linear" else kernel_cpu().unpack_fp4(w.view(torch.float4_e2m1fn_x2))
+    exact = _order_free(x, wv)
+    assert float(exact.double().mean()) > 0.03, "too few order-free outputs for the bitwise part"  # 5.6% at K = 2048
+    assert_match(got[exact], want[exact], what=op)
+    big = torch.maximum(got.float().abs(), want.float().abs())
+    ulp = torch.ldexp(torch.ones_like(big), torch.frexp(big).exponent - 8)  # one bf16 ulp of the larger
+    assert bool(((got.float() - want.float()).abs() <= ulp).all()), f"{op}: more than one bf16 ulp off"
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
