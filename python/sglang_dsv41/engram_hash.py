@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from sglang_dsv41.config import EngramConfig
+from sglang_dsv41.shared_math import hash_rows
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 _SEED_STRIDE = 10007
@@ -51,29 +52,6 @@ def hash_multipliers(layer_ids: Sequence[int], max_ngram_size: int, compressed_v
         v = rng.integers(low=0, high=bound, size=(max_ngram_size,), dtype=np.int64)
         rows.append([2 * int(x) + 1 for x in v])
     return torch.tensor(rows, dtype=torch.long).reshape(len(layer_ids), max_ngram_size)
-
-
-def hash_rows(
-    windows: torch.Tensor, positions: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
-    offsets: torch.Tensor, pad_class: int,
-) -> torch.Tensor:
-    """windows int64 [T, N] (column s: class of the s-th predecessor, -1 dead), positions int [T],
-    multipliers int64 [L, N], primes / offsets int64 [L, N-1, Hh] -> row ids int64 [T, L, (N-1)*Hh].
-    A column is blocked (pad class) when dead or p < s, cumulatively from newer to older."""
-    n = windows.shape[1]
-    positions = positions.to(device=windows.device, dtype=torch.long).reshape(-1, 1)
-    cols = torch.arange(n, device=windows.device, dtype=torch.long).reshape(1, n)
-    blocked = (windows < 0) | (positions < cols)
-    for s in range(1, n):  # cumulative from newer (s-1) to older (s)
-        blocked[:, s] |= blocked[:, s - 1]
-    classes = torch.where(blocked, torch.full_like(windows, pad_class), windows)
-    prod = classes.unsqueeze(1) * multipliers.unsqueeze(0)  # [T, L, N]
-    rolling = [prod[:, :, 0]]
-    for s in range(1, n):
-        rolling.append(torch.bitwise_xor(rolling[-1], prod[:, :, s]))
-    r = torch.stack(rolling[1:], dim=2)  # [T, L, N-1]
-    rows = torch.remainder(r.unsqueeze(-1), primes.unsqueeze(0)) + offsets.unsqueeze(0)  # [T, L, N-1, Hh]
-    return rows.reshape(windows.shape[0], multipliers.size(0), -1)
 
 
 class EngramHasher:

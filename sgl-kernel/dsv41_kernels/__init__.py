@@ -6,9 +6,11 @@ signature; the registry (`registry.py`) runs the kernel on CUDA tensors and the 
 numerics. On CUDA, an op whose Triton module failed to import raises with the reason instead of
 falling back silently.
 
-The twins are this package's own torch implementation of the reference math (shared helpers in
-`twin_math.py`), bit for bit equal to `sglang_dsv41.layers` (test/kernels/test_twins_vs_reference.py)
-but importing nothing from it: the package depends only on `sglang_dsv41.quant` (storage formats),
-`sglang_dsv41.reduction` (the RMSNorm statistic) and, for the kernels, Triton. Importing the
-package compiles nothing.
+The twins are pure torch. Where a twin's math is the layers' math it is the same function, imported
+from `sglang_dsv41.shared_math` (each formula exists once); the package imports nothing from
+`sglang_dsv41.layers`, only the core modules test/core/test_import_graph.py allows (`quant`,
+`reduction`, `determinism`, `shared_math`, ...) and, for the kernels, Triton. The twins are checked
+against independent oracles (float64 formulations, hand-worked cases, DeepSeek's own functions) in
+test/kernels/test_twin_oracles_*.py; the kernels against the twins (test/kernels/*_gpu.py, the
+interpreter checks). Importing the package compiles nothing.
 """

@@ -1,7 +1,7 @@
 """Sparse attention straight from the paged pools (window FP8 + selected compressed FP4).
 
 Twin: gathers each row's keys from the two pools (byte layouts in `sglang_dsv41.quant.layouts`),
-window slots first, and runs the block-64 online softmax of `twin_math.attend_blocks`.
+window slots first, and runs the block-64 online softmax of `sglang_dsv41.shared_math.attend_gathered`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from dsv41_kernels.registry import attach_kernels, register
-from dsv41_kernels.twin_math import attend_blocks
 from sglang_dsv41.quant import kv_fp4_unpack, window_kv_unpack
+from sglang_dsv41.shared_math import attend_gathered
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor, unpack) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +43,7 @@ def sparse_attention_paged(
         if with_comp:
             ck, cv = _gather(comp_pool, comp_slots[lo:hi], kv_fp4_unpack)
             keys, valid = torch.cat([keys, ck], dim=1), torch.cat([valid, cv], dim=1)
-        out[lo:hi] = attend_blocks(q[lo:hi], keys, valid, sink, scale)
+        out[lo:hi] = attend_gathered(q[lo:hi], keys, valid, sink, scale)
     return out
 
 

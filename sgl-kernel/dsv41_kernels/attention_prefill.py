@@ -8,7 +8,7 @@ captures, `dequant_triton.bf16_path_allowed`), per chunk of C rows:
   p     = exp(s' - m), s' = s * scale (-inf where invalid), m = max(RUN_MAX_START, max s')
   den   = sum p + exp(sink - m);  P = bf16(p)                              (`_softmax_kernel`, one pass)
   out   = bf16((P @ keys) / den)          torch.bmm, fp32 out; the division and cast in one pass
-The twin (`twin_math.attend_blocks`) visits the keys 64 at a time with a running max and rounds each
+The twin (`sglang_dsv41.shared_math.attend_gathered`) visits the keys 64 at a time with a running max and rounds each
 block's probabilities to bf16 against the running max of that moment; here every probability is rounded
 against the row's final max. Both approximate exp(s' - m_final) with one bf16 rounding per key: checked
 against the fp64 oracle, no worse than the twin (kernel_compare "attention", as for split key lists), not
@@ -28,7 +28,7 @@ import triton.language as tl
 from dsv41_kernels.attention_tiles import fp4_tile, window_tile
 from dsv41_kernels.dequant_triton import bf16_path_allowed
 from dsv41_kernels.triton_numerics import INTERPRET, bf16_round
-from dsv41_kernels.twin_math import RUN_MAX_START
+from sglang_dsv41.shared_math import RUN_MAX_START
 
 ROWS = 512
 """Query rows from which a call runs here."""

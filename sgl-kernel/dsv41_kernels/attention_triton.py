@@ -8,7 +8,7 @@ run attention_prefill's library-GEMM path instead. Here, per chunk of rows (CHUN
                                           -1 slots give zero keys)
   out  = _attn_kernel(q, keys, slots)     bf16 [C, H, D]
 Program = (query row t, block of HB heads, split sp of the key blocks). The row's keys are visited KB at
-a time in the order of the twin (`twin_math.attend_blocks`, which visits them 64 at a time): running
+a time in the order of the twin (`sglang_dsv41.shared_math.attend_gathered`, which visits them 64 at a time): running
 max from RUN_MAX_START, bf16 probabilities relative to the running max into P.V, fp32 denominator, the
 per-head sink added once at the end; keys of -1 slots are masked. With SPLITS > 1 each split writes
 (acc, max, denom) partials that `_combine_kernel` merges (flash-decoding); rows with no valid key give
@@ -32,7 +32,7 @@ import triton.language as tl
 from dsv41_kernels.attention import sparse_attention_paged
 from dsv41_kernels.attention_prefill import CHUNK_BYTES, attention_bf16, gather_keys, prefill_rows
 from dsv41_kernels.triton_numerics import DOT_DTYPE, bf16_round
-from dsv41_kernels.twin_math import RUN_MAX_START
+from sglang_dsv41.shared_math import RUN_MAX_START
 from sglang_dsv41.determinism import deterministic
 
 @triton.jit

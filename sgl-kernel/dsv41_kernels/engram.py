@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dsv41_kernels.registry import attach_kernels, register
+from sglang_dsv41 import shared_math
 from sglang_dsv41.quant import dequant_engram_rows
-from sglang_dsv41.reduction import mean_square
 
 
 @register("engram_gather")
@@ -24,21 +24,8 @@ def engram_gate(streams, kv, q_weight, k_weight, eps: float, token_mask=None):
     one final cast:
       d_j = sum(R_j * (q_w[j] * k_w[j]) * key_j) * rsqrt(mean R_j^2 + eps) * rsqrt(mean key_j^2 + eps) * H^-0.5
       R_j + sigmoid(sign(d_j) sqrt(max(|d_j|, 1e-6))) * value
-    Both mean squares are the shared statistic `sglang_dsv41.reduction.mean_square`."""
-    t, n, hid = streams.shape
-    keys = kv[:, : n * hid].float().reshape(t, n, hid)
-    value = kv[:, n * hid :].float().reshape(t, 1, hid)
-    r = streams.float()
-    qk = q_weight.float() * k_weight.float()
-    inv_r = torch.rsqrt(mean_square(r)[..., 0] + eps)
-    inv_k = torch.rsqrt(mean_square(keys)[..., 0] + eps)
-    dot = (r * qk * keys).sum(-1)
-    d = dot * (inv_r * inv_k) * hid**-0.5
-    root = d.abs().clamp_min(1e-6).sqrt()
-    gate = torch.sigmoid(torch.copysign(root, d))  # sign of d, -0 included
-    if token_mask is not None:
-        gate = torch.where(token_mask.reshape(t, 1), gate, torch.zeros((), dtype=gate.dtype, device=gate.device))
-    return (r + gate.unsqueeze(-1) * value).to(streams.dtype)
+    Both mean squares are `sglang_dsv41.reduction.mean_square`. Twin: `sglang_dsv41.shared_math.engram_gate`."""
+    return shared_math.engram_gate(streams, kv, q_weight, k_weight, eps, token_mask)
 
 
 @register("engram_hash")
@@ -46,27 +33,17 @@ def engram_hash(
     windows: torch.Tensor, positions: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
     offsets: torch.Tensor, pad_class: int,
 ) -> torch.Tensor:
-    """N-gram row ids (sglang_dsv41.engram_hash.EngramHasher.hash_windows, as a pure function).
+    """N-gram row ids (`sglang_dsv41.engram_hash.EngramHasher.hash_windows`, as a pure function).
 
     windows int64 [T, N]: column s = compressed class of the s-th predecessor (s = 0 the token),
     -1 = dead; positions int64 [T] absolute positions; multipliers int64 [L, N] (odd);
     primes, offsets int64 [L, N-1, Hh]; pad_class: class used for blocked columns (blocked: dead,
     or p < s, cumulative from newer to older). -> int64 [T, L, (N-1)*Hh]:
     row(l, i, h) = (XOR_{s<=i} class_s * mult[l, s]) mod primes[l, i-1, h] + offsets[l, i-1, h].
-    Tables: `EngramHasher._tables(device)[1:]` and `EngramHasher.pad_class`.
+    Tables: `EngramHasher._tables(device)[1:]` and `EngramHasher.pad_class`. Twin:
+    `sglang_dsv41.shared_math.hash_rows`.
     """
-    t, n = windows.shape
-    w = windows.to(torch.long)
-    cols = torch.arange(n, device=w.device).unsqueeze(0)
-    blocked = ((w < 0) | (positions.to(device=w.device, dtype=torch.long).unsqueeze(1) < cols)).long().cumsum(1) > 0
-    classes = torch.where(blocked, torch.full_like(w, pad_class), w)
-    prod = classes.unsqueeze(1) * multipliers.unsqueeze(0)  # [T, L, N]
-    rolling = [prod[:, :, 0]]
-    for s in range(1, n):
-        rolling.append(torch.bitwise_xor(rolling[-1], prod[:, :, s]))
-    r = torch.stack(rolling[1:], dim=2)  # [T, L, N-1]
-    rows = torch.remainder(r.unsqueeze(-1), primes.unsqueeze(0)) + offsets.unsqueeze(0)
-    return rows.reshape(t, multipliers.size(0), -1)
+    return shared_math.hash_rows(windows.to(torch.long), positions, multipliers, primes, offsets, pad_class)
 
 
 attach_kernels("dsv41_kernels.engram_triton", "engram_hash", "engram_gather", "engram_gate")

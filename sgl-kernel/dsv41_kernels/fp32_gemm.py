@@ -5,11 +5,10 @@
 x [..., K] bf16|fp32, w [N, K] bf16|fp32 (both widened exactly). A row of the result depends only on
 its own row of x and on w, never on how many other rows share the call.
 
-The twin is the layers' formulation (`sglang_dsv41.layers.linear.fp32_linear`), written through the
-same shared helper `sglang_dsv41.determinism.row_tiled`: torch GEMMs of exactly ROW_TILE rows (the
-last tile zero-padded), so the BLAS sees one shape whatever M is and picks one summation order. The
-two give the same bits on every device (test/kernels/test_fp32_gemm_cpu.py); on CPU the op always
-runs this twin, so the CPU runtime equals the reference forward. On a GPU the twin widens the whole
+The twin is the layers' function `sglang_dsv41.shared_math.fp32_linear`: torch GEMMs of exactly
+ROW_TILE rows (`determinism.row_tiled`, the last tile zero-padded), so the BLAS sees one shape whatever
+M is and picks one summation order; on CPU the op always runs it, so the CPU runtime equals the
+reference forward. On a GPU the twin widens the whole
 weight to fp32 on every call and launches one sgemm per 64 rows.
 
 The Triton kernel (fp32_gemm_triton.py) sums each output in its own fixed order (chunks of K, every
@@ -21,18 +20,15 @@ from the twin's BLAS order, so it matches the twin within a stated fp32 toleranc
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dsv41_kernels.registry import attach_kernels, register
-from sglang_dsv41.determinism import row_tiled
+from sglang_dsv41 import shared_math
 
 
 @register("fp32_linear")
 def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] bf16|fp32, w [N, K] bf16|fp32 -> fp32 [..., N], ROW_TILE-row fp32 GEMMs (module docstring)."""
-    wf = w.float()
-    rows = row_tiled(lambda t: F.linear(t, wf), x.reshape(-1, x.size(-1)).float())
-    return rows.reshape(*x.shape[:-1], w.size(0))
+    return shared_math.fp32_linear(x, w)
 
 
 attach_kernels("dsv41_kernels.fp32_gemm_triton", "fp32_linear")

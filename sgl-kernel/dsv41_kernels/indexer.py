@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from dsv41_kernels.registry import attach_kernels, register
-from dsv41_kernels.twin_math import rope_last_dims
 from sglang_dsv41.quant import index_fp4_qdq, index_fp4_unpack
+from sglang_dsv41.shared_math import apply_rope
 
 
 @register("index_query_quant")
 def index_query_quant(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """q bf16 [T, Hi, di] -> bf16 [T, Hi, di] = two-stage FP4 round trip of rope(q)."""
-    return index_fp4_qdq(rope_last_dims(q, cos, sin))
+    return index_fp4_qdq(apply_rope(q, cos, sin))
 
 
 @register("index_scores")

@@ -17,7 +17,7 @@ One kernel launch instead of the twin's ~2k + 4 elementwise launches (a zero fil
 an add per slot, the shared expert's, the cast) per layer.
 
 The twin here runs that per expert with this package's GEMM twins (exact block partials, so a row's
-bits do not depend on which rows share its expert); the Triton kernels (moe_triton.py) sort the pairs
+bits do not depend on which rows share its expert) and the layers' `shared_math.swiglu`; the Triton kernels (moe_triton.py) sort the pairs
 by expert once and run one grouped launch for w1 + w3 (SwiGLU, routing weight and the MXFP8 quant of
 h in the epilogue) and one for w2, with no host synchronisation.
 """
@@ -25,23 +25,17 @@ h in the epilogue) and one for w2, with no host synchronisation.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dsv41_kernels.gemm import fp4_linear
 from dsv41_kernels.registry import attach_kernels, register
+from sglang_dsv41 import shared_math
+from sglang_dsv41.shared_math import swiglu
 
 
 def sorted_slots(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, k], weights [T, k] -> (expert ids ascending per row int64, their weights fp32)."""
     sid, rank = ids.long().sort(dim=1)
     return sid, weights.float().gather(1, rank)
-
-
-def _swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
-    g, u = g.float(), u.float()
-    if limit > 0:
-        g, u = torch.clamp(g, max=limit), torch.clamp(u, -limit, limit)
-    return F.silu(g) * u
 
 
 @register("moe_experts")
@@ -53,18 +47,16 @@ def moe_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> torch.
     for e in torch.unique(sid).tolist():
         rows, slot = torch.where(sid == e)
         xe = x[rows]
-        h = wt[rows, slot].unsqueeze(-1) * _swiglu(fp4_linear.torch(xe, w1[e], s1[e]), fp4_linear.torch(xe, w3[e], s3[e]), limit)
+        h = wt[rows, slot].unsqueeze(-1) * swiglu(fp4_linear.torch(xe, w1[e], s1[e]), fp4_linear.torch(xe, w3[e], s3[e]), limit)
         out[rows, slot] = fp4_linear.torch(h.to(x.dtype), w2[e], s2[e])
     return out
 
 
 @register("moe_combine")
 def moe_combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """routed [T, k, H], shared [T, H] -> [T, H] in shared's dtype (module docstring)."""
-    acc = shared.new_zeros(shared.shape, dtype=torch.float32)
-    for part in routed.unbind(1):
-        acc = acc + part.float()
-    return (acc + shared.float()).to(shared.dtype)
+    """routed [T, k, H], shared [T, H] -> [T, H] in shared's dtype (module docstring; twin
+    `shared_math.moe_combine`, the layers' function)."""
+    return shared_math.moe_combine(routed, shared)
 
 
 attach_kernels("dsv41_kernels.moe_triton", "moe_experts", "moe_combine")

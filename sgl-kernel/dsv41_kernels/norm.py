@@ -1,4 +1,5 @@
-"""RMSNorm op: the layers' `rms_norm` with its weight, as one kernel launch per call.
+"""RMSNorm op: the layers' `rms_norm` with its weight (twin: `sglang_dsv41.shared_math.rms_norm`), as one
+kernel launch per call.
 
     rms_norm(x, weight, eps) -> x.dtype [..., d] = fp32 x * rsqrt(mean_square(x) + eps) * fp32 weight
 
@@ -13,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from dsv41_kernels.registry import attach_kernels, register
-from dsv41_kernels.twin_math import rms_normalize
+from sglang_dsv41.shared_math import rms_norm as _rms_norm
 
 
 @register("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x bf16|fp32 [..., d], weight [d] (bf16|fp32) -> x.dtype [..., d]."""
-    return rms_normalize(x, weight, eps)
+    return _rms_norm(x, weight, eps)
 
 
 attach_kernels("dsv41_kernels.norm_triton", "rms_norm")

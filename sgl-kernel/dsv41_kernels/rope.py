@@ -16,23 +16,13 @@ from __future__ import annotations
 import torch
 
 from dsv41_kernels.registry import attach_kernels, register
+from sglang_dsv41.shared_math import apply_rope
 
 
 @register("rope_rotate")
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """See the module docstring."""
-    r = cos.size(-1)
-    c, s = (cos, sin) if x.dim() == 2 else (cos.unsqueeze(1), sin.unsqueeze(1))
-    if inverse:
-        s = -s
-    tail = x[..., x.size(-1) - 2 * r:].float()
-    x0, x1 = tail[..., 0::2], tail[..., 1::2]
-    rot = torch.empty_like(tail)
-    rot[..., 0::2] = x0 * c - x1 * s
-    rot[..., 1::2] = x0 * s + x1 * c
-    out = x.clone()
-    out[..., x.size(-1) - 2 * r:] = rot.to(x.dtype)
-    return out
+    """See the module docstring (twin: `sglang_dsv41.shared_math.apply_rope`)."""
+    return apply_rope(x, cos, sin, inverse)
 
 
 attach_kernels("dsv41_kernels.rope_triton", "rope_rotate")

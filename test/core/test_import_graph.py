@@ -3,7 +3,9 @@
 - The engine-agnostic core (`sglang_dsv41.layers` and all its submodules, `reference`, `config`,
   `quant`) imports no kernel package (`dsv41_kernels*`) and not SGLang itself (`sglang`, `sglang.*`).
 - The kernel package (`dsv41_kernels` and every module in it, Triton modules included when Triton
-  is installed) imports nothing from `sglang_dsv41.layers`.
+  is installed) imports nothing from `sglang_dsv41.layers`, and of `sglang_dsv41` only the pure core
+  modules in KERNEL_MAY_IMPORT (storage formats, the fixed-order reductions, the shared math that the
+  layers import too): a twin that needs layer math imports it from `shared_math`, never copies it.
 Each half runs in a fresh interpreter (`python -c`) so that no other test's imports count. Oracle:
 `sys.modules` after the imports.
 - In the SGLang adapter, the request rules (`sglang_dsv41.sglang.requests`) import neither the hook
@@ -22,6 +24,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+KERNEL_MAY_IMPORT = {"sglang_dsv41", "sglang_dsv41.determinism", "sglang_dsv41.quant", "sglang_dsv41.quant.fp4",
+                     "sglang_dsv41.quant.fp8", "sglang_dsv41.quant.layouts", "sglang_dsv41.reduction",
+                     "sglang_dsv41.shared_math"}
 
 _PRELUDE = f"""
 import importlib, json, pkgutil, sys
@@ -55,8 +61,8 @@ if not have_triton:  # the Triton modules cannot import; every other module must
         if not (info.name.endswith("_triton") or info.name.endswith("triton_numerics")):
             importlib.import_module(info.name)
             imported.append(info.name)
-bad = sorted(m for m in sys.modules if m == "sglang_dsv41.layers" or m.startswith("sglang_dsv41.layers."))
-print(json.dumps({"imported": imported, "bad": bad}))
+core = sorted(m for m in sys.modules if m.split(".")[0] == "sglang_dsv41")
+print(json.dumps({"imported": imported, "core": core}))
 """
 
 
@@ -75,8 +81,11 @@ def test_core_imports_no_kernels_and_no_sglang():
 
 def test_kernel_package_imports_no_layers():
     out = _run(_KERNELS)
-    assert {"dsv41_kernels.ops", "dsv41_kernels.twin_math", "dsv41_kernels.registry"} <= set(out["imported"])
-    assert out["bad"] == [], f"dsv41_kernels imported {out['bad']}"
+    assert {"dsv41_kernels.ops", "dsv41_kernels.registry", "dsv41_kernels.attention"} <= set(out["imported"])
+    assert "sglang_dsv41.shared_math" in out["core"]
+    layers = [m for m in out["core"] if m == "sglang_dsv41.layers" or m.startswith("sglang_dsv41.layers.")]
+    assert layers == [], f"dsv41_kernels imported {layers}"
+    assert set(out["core"]) <= KERNEL_MAY_IMPORT, f"dsv41_kernels imported {sorted(set(out['core']) - KERNEL_MAY_IMPORT)}"
 
 
 ADAPTER = ROOT / "python" / "sglang_dsv41" / "sglang"
@@ -131,3 +140,12 @@ def test_importing_request_rules_loads_no_installer_and_no_model_adapter():
     out = _run(_REQUESTS)
     assert "sglang_dsv41.sglang.requests.admission" in out["imported"]
     assert out["bad"] == [], f"importing the request rules imported {out['bad']}"
+
+
+def test_shared_math_imports_only_reduction_and_determinism():
+    """`shared_math` is imported by layers and kernels alike: it must stay a leaf of the core."""
+    out = _run(_PRELUDE + """
+import sglang_dsv41.shared_math
+print(json.dumps({"core": sorted(m for m in sys.modules if m.split(".")[0] == "sglang_dsv41")}))
+""")
+    assert out["core"] == ["sglang_dsv41", "sglang_dsv41.determinism", "sglang_dsv41.reduction", "sglang_dsv41.shared_math"], out["core"]

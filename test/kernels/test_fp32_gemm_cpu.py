@@ -1,7 +1,8 @@
-"""CPU: the fp32 GEMM op `fp32_linear` (dsv41_kernels.fp32_gemm). The layer function
-`layers.linear.fp32_linear` (now written through `determinism.row_tiled`) equals its former formulation
-(`_old_fp32_linear` below, kept verbatim) bit for bit, and the op's twin equals the layer function, for
-row counts around the 64-row tile, bf16 / fp32 operands and leading dims; the `fp32_gemm` slots of Head,
+"""CPU: the fp32 GEMM op `fp32_linear` (dsv41_kernels.fp32_gemm; its twin is the layers' function
+`shared_math.fp32_linear`, written through `determinism.row_tiled`) equals its former formulation
+(`_old_fp32_linear` below, explicit padding and 64-row splits) bit for bit, for row counts around the
+64-row tile, bf16 / fp32 operands and leading dims, and a row alone equals that row in a batch (the
+float64 oracle with the fp32 bound: test_twin_oracles_math.py); the `fp32_gemm` slots of Head,
 Gate, Block and BF16Linear follow `use_kernels` / `use_torch`, and the tiny model's reference logits are
 the same bits with the op in those slots; the Triton kernel through the interpreter (one subprocess,
 fp32_gemm_interp.py) against the twin within the tolerance and bitwise invariant over rows and configs."""
@@ -37,24 +38,21 @@ def _old_fp32_linear(x, w):
 
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("xdt, wdt", DTYPES, ids=lambda d: str(d)[6:])
-def test_layer_equals_former_formula_and_twin_equals_layer(m, xdt, wdt):
+def test_twin_equals_former_formula(m, xdt, wdt):
     from dsv41_kernels import ops
-    from sglang_dsv41.layers.linear import fp32_linear
 
     x, w = build(m, 24, 320, xdt, wdt, seed=m)
     want = _old_fp32_linear(x, w)
     assert want.shape == (m, 24) and want.dtype == torch.float32
-    assert_bits_equal(fp32_linear(x, w), want, what="layer vs former")
     assert_bits_equal(ops.fp32_linear.torch(x, w), want, what="twin vs former")
     assert_bits_equal(ops.fp32_linear(x, w), want, what="op on CPU")  # dispatches to the twin
 
 
 def test_leading_dims_and_rows_alone():
     from dsv41_kernels import ops
-    from sglang_dsv41.layers.linear import fp32_linear
 
     x, w = build(130, 40, 200, torch.bfloat16, torch.bfloat16, seed=7)
-    full = fp32_linear(x, w)
+    full = ops.fp32_linear.torch(x, w)
     assert_bits_equal(ops.fp32_linear.torch(x.view(2, 5, 13, 200), w), full.view(2, 5, 13, 40), what="leading dims")
     for a, b in ((0, 1), (5, 12), (64, 130), (100, 130)):  # a row's bits do not depend on the rows beside it
         assert_bits_equal(ops.fp32_linear.torch(x[a:b], w), full[a:b], what=f"rows {a}:{b}")

@@ -17,6 +17,7 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.quant import dequant_engram_rows
 from sglang_dsv41.reduction import mean_square
+from sglang_dsv41.shared_math import gate_streams
 
 
 def gather_rows(weight: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
@@ -51,22 +52,6 @@ def engram_gate(
     """streams [T, n, H] bf16, kv [T, (n+1)H] bf16 (n keys then the value), q/k_weight [n, H]
     -> bf16 [T, n, H]. All fp32 with one final cast; token_mask [T] False = unchanged row."""
     return gate_streams(streams, kv, q_weight, k_weight, eps, token_mask, mean_square)
-
-
-def gate_streams(streams, kv, q_weight, k_weight, eps, token_mask, mean_sq) -> torch.Tensor:
-    """`engram_gate` with the mean-square statistic passed in (`mean_sq`: fp32 [..., H] -> [..., 1]):
-    the serving cascade here, a plain mean in the trainer's fast numerics (train/fast_numerics.py)."""
-    n, hidden = streams.size(1), streams.size(2)
-    key, value = kv.split([n * hidden, hidden], dim=-1)
-    key = key.float().unflatten(-1, (n, hidden))
-    h = streams.float()
-    w = q_weight.float() * k_weight.float()
-    rstd = torch.rsqrt(mean_sq(h)[..., 0] + eps) * torch.rsqrt(mean_sq(key)[..., 0] + eps)
-    d = (h * w * key).sum(-1) * rstd * hidden**-0.5
-    gate = torch.sigmoid(torch.copysign(d.abs().clamp_min(1e-6).sqrt(), d))
-    if token_mask is not None:
-        gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0)
-    return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)
 
 
 class Engram(nn.Module):

@@ -8,10 +8,10 @@
 Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
 
 Kernel slots: the GEMM of `FP8Linear` / `MXFP4Linear` is the class attribute `gemm`, the pure-torch
-`sglang_dsv41.quant` function; `BF16Linear.forward_fp32` goes through `fp32_gemm` (`fp32_linear`
-below). `kernel_slots` names the op that may replace it; a caller applies kernels to a built model
-(`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on the instance. Nothing here
-imports a kernel.
+`sglang_dsv41.quant` function; `BF16Linear.forward_fp32` goes through `fp32_gemm` (`fp32_linear`,
+from `sglang_dsv41.shared_math`). `kernel_slots` names the op that may replace it; a caller applies
+kernels to a built model (`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on
+the instance. Nothing here imports a kernel.
 """
 
 from __future__ import annotations
@@ -22,21 +22,7 @@ from torch import nn
 
 from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
-
-
-def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """fp32(x) @ fp32(w)^T whose every row is independent of the other rows and of the row count.
-
-    BLAS picks kernels (and so summation orders) by shape: on CPU an fp32 GEMM with a handful of rows
-    rounds differently from the same rows inside a larger GEMM. Running every call as exactly
-    ROW_TILE-row GEMMs (`determinism.row_tiled`: the last tile zero-padded) makes the result
-    batch-invariant, which the prefix-equality and chunked-prefill invariants rely on.
-    x [..., K], w [N, K] -> fp32 [..., N]. The kernel op `fp32_linear` (dsv41_kernels.fp32_gemm, the
-    `fp32_gemm` slot of the callers) has this formulation as its twin.
-    """
-    wf = w.float()
-    rows = row_tiled(lambda t: F.linear(t, wf), x.reshape(-1, x.size(-1)).float())
-    return rows.reshape(*x.shape[:-1], w.size(0))
+from sglang_dsv41.shared_math import fp32_linear  # batch-invariant fp32 GEMM (the `fp32_gemm` slots)
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:

@@ -22,6 +22,8 @@ from torch import nn
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear, fp32_linear
 from sglang_dsv41.quant import fp4_linear
+from sglang_dsv41.shared_math import moe_combine as combine
+from sglang_dsv41.shared_math import swiglu
 
 
 class Gate(nn.Module):
@@ -47,16 +49,6 @@ class Gate(nn.Module):
         if self.norm_topk_prob and self.topk > 1:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return w * self.route_scale, ids
-
-
-def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """g, u bf16 [t, I] (w1 / w3 outputs) -> fp32 [t, I] = weight * silu(min(g, L)) * clamp(u, -L, L)."""
-    g, u = g.float(), u.float()
-    if limit > 0:
-        u = u.clamp(-limit, limit)
-        g = g.clamp(max=limit)
-    h = F.silu(g) * u
-    return h if weight is None else weight * h
 
 
 class Expert(nn.Module):
@@ -101,15 +93,6 @@ def routed_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> tor
             out[perm[seg]] = fp4_linear(h.to(x.dtype), w2[e], s2[e])
             start += c
     return out.view(t, k, x.size(-1))
-
-
-def combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """routed bf16 [T, k, H] (ascending expert id), shared bf16 [T, H] -> bf16 [T, H]: fp32 sum from +0
-    in slot order, then the shared expert, one cast."""
-    y = torch.zeros(shared.shape, dtype=torch.float32, device=shared.device)
-    for j in range(routed.size(1)):
-        y = y + routed[:, j].float()
-    return (y + shared.float()).to(shared.dtype)
 
 
 class MoE(nn.Module):

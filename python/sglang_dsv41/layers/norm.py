@@ -7,16 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglang_dsv41.reduction import mean_square
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x [..., d] any float dtype -> same dtype. weight [d] (bf16/fp32) or None (weightless)."""
-    xf = x.float()
-    y = xf * torch.rsqrt(mean_square(x) + eps)
-    if weight is not None:
-        y = weight.float() * y
-    return y.to(x.dtype)
+from sglang_dsv41.shared_math import rms_norm
 
 
 class RMSNorm(nn.Module):

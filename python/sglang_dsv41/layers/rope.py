@@ -18,6 +18,7 @@ from functools import lru_cache
 import torch
 
 from sglang_dsv41.config import ModelConfig
+from sglang_dsv41.shared_math import apply_rope
 
 
 @lru_cache(maxsize=8)
@@ -85,19 +86,3 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.T
     angles = positions.cpu().to(torch.float32).unsqueeze(-1) * inv_freq.cpu()
     f = torch.polar(torch.ones_like(angles), angles)
     return f.real.contiguous().to(positions.device), f.imag.contiguous().to(positions.device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """x [T, d] or [T, h, d]; rotates the last 2*cos.size(-1) dims (interleaved pairs) in fp32 and
-    returns x.dtype. `inverse` rotates by -angle (used on the attention output)."""
-    rd = 2 * cos.size(-1)
-    if x.dim() == 3:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    if inverse:
-        sin = -sin
-    pairs = x[..., -rd:].float().unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    y0 = x0 * cos - x1 * sin
-    y1 = x0 * sin + x1 * cos
-    rot = torch.stack([y0, y1], dim=-1).flatten(-2).to(x.dtype)
-    return torch.cat([x[..., :-rd], rot], dim=-1) if x.size(-1) > rd else rot

@@ -1,4 +1,4 @@
-"""Sparse MQA attention with a per-head sink: the torch twin of the attention kernels.
+"""Sparse MQA attention with a per-head sink over a dense KV (the block math: `shared_math.attend_gathered`).
 
 o[t, h] = sum_k p_k v_k / (sum_k exp(s_k) + exp(sink_h)),  s_k = scale * q[t,h] . key_k, K = V.
 Numerics follow DeepSeek's kernel: online softmax over blocks of 64 keys in list order, running
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-BLOCK = 64
+from sglang_dsv41.shared_math import ATTN_BLOCK as BLOCK  # noqa: F401 - the block size, for callers
+from sglang_dsv41.shared_math import attend_gathered
 
 
 def sparse_attention(
@@ -23,27 +24,3 @@ def sparse_attention(
         valid = i >= 0
         out.append(attend_gathered(q[s : s + chunk], kv[i.clamp_min(0)], valid, sink, scale))
     return torch.cat(out) if out else q.new_zeros(q.shape)
-
-
-def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per-row key lists. q [t, h, d] bf16, keys [t, K, d] (bf16 values), valid bool [t, K],
-    sink [h] fp32 -> bf16 [t, h, d]. Keys are visited in list order, 64 at a time."""
-    t, h, d = q.shape
-    qf = q.float()
-    sc = torch.tensor(scale, dtype=torch.float32, device=q.device)
-    acc = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
-    denom = torch.zeros(t, h, dtype=torch.float32, device=q.device)
-    run_max = torch.full((t, h), -1e30, dtype=torch.float32, device=q.device)
-    for s in range(0, keys.size(1), BLOCK):
-        ok = valid[:, s : s + BLOCK]
-        blk = torch.where(ok.unsqueeze(-1), keys[:, s : s + BLOCK].float(), 0.0)  # [t, b, d]; never read invalid keys
-        logits = torch.einsum("thd,tbd->thb", qf, blk)
-        logits = torch.where(ok.unsqueeze(1), logits, float("-inf")) * sc
-        prev = run_max
-        run_max = torch.maximum(prev, logits.amax(dim=-1))
-        rescale = torch.exp(prev - run_max)
-        p = torch.exp(logits - run_max.unsqueeze(-1))
-        denom = denom * rescale + p.sum(dim=-1)
-        acc = acc * rescale.unsqueeze(-1) + torch.einsum("thb,tbd->thd", p.to(torch.bfloat16).float(), blk)
-    denom = denom + torch.exp(sink.float() - run_max)
-    return (acc / denom.unsqueeze(-1)).to(torch.bfloat16)
