@@ -1,0 +1,189 @@
+"""DeepSeek's own forward as an oracle: run it in a subprocess and capture its logits and decisions.
+
+The official V4.1 reference (`../shared/official` relative to the repo root; override with the
+environment variable DSV41_OFFICIAL_DIR) is imported, never copied. It keeps module globals (world
+size, default dtype, the shared attention state), so every official model lives in its own process:
+
+    python official_capture.py forward CKPT IDS_JSON OUT_PT --threads N
+        one official prefill (start_pos 0, text only) over the ids -> torch.save({
+          "logits": fp32 [T, vocab] (the official final norm + head on every row, one head GEMM),
+          "routed_experts": {layer: int32 [T, top_k]}  (Gate indices, ordered by biased score),
+          "topk": {layer: int32 [T, min(index_topk, T // ratio)]}  (Indexer output minus its window offset:
+                                                          compressed positions ascending, -1 padded),
+          "candidates": {layer: bool [T, T // ratio]}}) (the candidate source's block mask)
+    python official_capture.py write-small DIR --max-seq-len N
+        testing.build_small_model(small_model_args(max_seq_len=N), seed=7) written by
+        check_run_official.write_checkpoint, with to_hf(args) as config.json and
+        write_tokenizer(DIR/tokenizer.json, vocab) -> DIR (the released layout)
+
+Top-k ties: the official `topk(sorted=False)` leaves their order to the implementation; for a
+bitwise comparison the worker breaks them toward the lower index (docs/numerics.md choice 2) by
+running every `Tensor.topk` of the process as a stable descending sort. Both processes must run
+the same thread count (docs/numerics.md "Thread count"), ATEN_CPU_CAPABILITY=default and MKL_CBWR.
+In the test process: `OfficialForward(ckpt, ids, workdir, threads).result()` (started in the
+background) and `write_official_small(dir, max_seq_len, threads)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OFFICIAL_DIR = Path(os.environ.get("DSV41_OFFICIAL_DIR", REPO.parent / "shared" / "official"))
+EXACT_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+
+
+def official_available() -> bool:
+    return (OFFICIAL_DIR / "run_official.py").is_file() and (OFFICIAL_DIR / "check_run_official.py").is_file()
+
+
+def skip_reason() -> str:
+    return (f"DeepSeek's reference forward not found: {OFFICIAL_DIR} (../shared/official relative to the repo "
+            f"root, or DSV41_OFFICIAL_DIR) is absent")
+
+
+class Worker:
+    """One worker subprocess (its own official model); `wait()` raises with its output if it failed.
+    The environment is this process's with the exact-numerics settings defaulted (conftest sets them)."""
+
+    def __init__(self, argv: list[str], threads: int):
+        env = dict(os.environ)
+        for k, v in EXACT_ENV.items():
+            env.setdefault(k, v)
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--threads", str(threads)]
+        self.what = argv[0]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def wait(self) -> None:
+        out, _ = self.proc.communicate()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"official worker failed ({self.what}, exit {self.proc.returncode}):\n{out[-5000:]}")
+
+
+class OfficialForward:
+    """The official forward on checkpoint `ckpt`, started in the background (module docstring);
+    `result()` waits for it: {"logits", "routed_experts", "topk", "candidates"}."""
+
+    def __init__(self, ckpt: Path, ids: list[int], workdir: Path, threads: int):
+        self.ids_file, self.out = workdir / "official_ids.json", workdir / "official_out.pt"
+        self.ids_file.write_text(json.dumps([int(t) for t in ids]))
+        self.worker = Worker(["forward", str(ckpt), str(self.ids_file), str(self.out)], threads)
+        self._result = None
+
+    def result(self) -> dict:
+        import torch
+
+        if self._result is None:
+            self.worker.wait()
+            self._result = torch.load(self.out)
+        return self._result
+
+
+def write_official_small(out_dir: Path, max_seq_len: int, threads: int) -> Path:
+    """The official small test model (seed 7) in the released layout, with config.json and tokenizer."""
+    Worker(["write-small", str(out_dir), "--max-seq-len", str(max_seq_len)], threads).wait()
+    return out_dir
+
+
+# ------------------------------------------------------------------------------ the worker process
+def _import_official():
+    for p in (OFFICIAL_DIR / "dsv41_official", OFFICIAL_DIR):
+        if str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    import run_official
+
+    return run_official
+
+
+def _stable_topk():
+    """Every Tensor.topk of this process picks equal values in ascending index order (largest=True:
+    a stable descending sort), returning them in sorted order (a valid `sorted=False` answer too)."""
+    import torch
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (torch's parameter name)
+        values, indices = torch.sort(self, dim=dim, descending=largest, stable=True)
+        return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
+
+    torch.Tensor.topk = topk
+
+
+def _forward(ckpt: str, ids_file: str, out: str) -> None:
+    import torch
+
+    ro = _import_official()
+    _stable_topk()
+    ids = json.loads(Path(ids_file).read_text())
+    model, _, _ = ro.build(Path(ckpt), max_seq_len=len(ids), quiet=True, skip_mtp=True)
+    v41 = ro.v41
+    got: dict[str, dict[int, torch.Tensor]] = {"routed_experts": {}, "topk": {}, "candidates": {}}
+
+    def on_gate(layer_id):
+        def hook(_mod, _inp, output):
+            got["routed_experts"][layer_id] = output[1].to(torch.int32).clone()
+        return hook
+
+    def on_indexer(layer_id):
+        def hook(mod, inp, output):
+            offset = inp[4]  # Indexer.forward(x, qr, latent, start_pos, offset)
+            idx = output[0]  # batch 1: [T, k] window-offset positions, -1 padded
+            got["topk"][layer_id] = torch.where(idx >= 0, idx - offset, -1).to(torch.int32).clone()
+            if mod.is_candidate_source:
+                got["candidates"][layer_id] = v41.shared_attn.candidates[0].clone()
+        return hook
+
+    hooks = []
+    for i, layer in enumerate(model.layers):
+        hooks.append(layer.ffn.gate.register_forward_hook(on_gate(i)))
+        indexer = getattr(layer.attn, "indexer", None)
+        if indexer is not None:
+            hooks.append(indexer.register_forward_hook(on_indexer(i)))
+    logits = ro.full_logits(model, torch.tensor(ids), rowwise_head=False)
+    for h in hooks:
+        h.remove()
+    torch.save({"logits": logits.float(), **got}, out)
+
+
+def _write_small(out_dir: str, max_seq_len: int) -> None:
+    ro = _import_official()
+    import check_run_official as cro
+
+    from models.demos.deepseek_v3_d_p.reference.deepseek_v41 import testing
+
+    args = testing.small_model_args(max_seq_len=max_seq_len)
+    model = testing.build_small_model(args, seed=7)
+    out = Path(out_dir)
+    cro.write_checkpoint(model, out)
+    (out / "config.json").write_text(json.dumps(cro.to_hf(args), indent=2) + "\n")
+    cro.write_tokenizer(out / "tokenizer.json", args.vocab_size)
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("forward")
+    f.add_argument("ckpt")
+    f.add_argument("ids_file")
+    f.add_argument("out")
+    w = sub.add_parser("write-small")
+    w.add_argument("out_dir")
+    w.add_argument("--max-seq-len", type=int, required=True)
+    for p in (f, w):
+        p.add_argument("--threads", type=int, required=True)
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    if a.cmd == "forward":
+        _forward(a.ckpt, a.ids_file, a.out)
+    else:
+        _write_small(a.out_dir, a.max_seq_len)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
