@@ -4,6 +4,9 @@
   `quant`) imports no kernel package (`dsv41_kernels*`) and not SGLang itself (`sglang`, `sglang.*`).
 - The kernel package (`dsv41_kernels` and every module in it, Triton modules included when Triton
   is installed) imports nothing from `sglang_dsv41.layers`.
+- The numerics policy (`sglang_dsv41.numerics`: the policy object and `apply_numerics`), which the
+  layers import for their slot declarations, imports no layer, no kernel package, no SGLang and
+  nothing of `train` (the op table is handed to it).
 Each half runs in a fresh interpreter (`python -c`) so that no other test's imports count. Oracle:
 `sys.modules` after the imports.
 """
@@ -34,7 +37,8 @@ def walk(name):
 
 _CORE = _PRELUDE + """
 imported = []
-for name in ("sglang_dsv41.layers", "sglang_dsv41.reference", "sglang_dsv41.config", "sglang_dsv41.quant"):
+for name in ("sglang_dsv41.layers", "sglang_dsv41.reference", "sglang_dsv41.config", "sglang_dsv41.quant",
+             "sglang_dsv41.numerics"):
     imported += walk(name)
 bad = sorted(m for m in sys.modules if m.split(".")[0] in ("dsv41_kernels", "sglang"))
 print(json.dumps({"imported": imported, "bad": bad}))
@@ -51,6 +55,14 @@ if not have_triton:  # the Triton modules cannot import; every other module must
             importlib.import_module(info.name)
             imported.append(info.name)
 bad = sorted(m for m in sys.modules if m == "sglang_dsv41.layers" or m.startswith("sglang_dsv41.layers."))
+print(json.dumps({"imported": imported, "bad": bad}))
+"""
+
+
+_POLICY = _PRELUDE + """
+imported = walk("sglang_dsv41.numerics")
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("dsv41_kernels", "sglang")
+             or m.startswith(("sglang_dsv41.layers", "sglang_dsv41.train", "sglang_dsv41.runtime")))
 print(json.dumps({"imported": imported, "bad": bad}))
 """
 
@@ -72,3 +84,9 @@ def test_kernel_package_imports_no_layers():
     out = _run(_KERNELS)
     assert {"dsv41_kernels.ops", "dsv41_kernels.twin_math", "dsv41_kernels.registry"} <= set(out["imported"])
     assert out["bad"] == [], f"dsv41_kernels imported {out['bad']}"
+
+
+def test_numerics_policy_imports_no_layers_kernels_or_train():
+    out = _run(_POLICY)
+    assert out["imported"] == ["sglang_dsv41.numerics"]
+    assert out["bad"] == [], f"sglang_dsv41.numerics imported {out['bad']}"

@@ -1,6 +1,6 @@
 """CPU: the grouped MoE (layer formulation and the `moe_experts` twin) equals the per-expert path bit
 for bit; the rms_norm twin equals the layer function; the layer transformations of
-`use_kernels` (stacked experts, kept `wo_a`, RoPE position tables) change no bit; the Triton kernels
+the kernels policy (stacked experts, kept `wo_a`, RoPE position tables) change no bit; the Triton kernels
 of these ops through the interpreter (one subprocess)."""
 
 from __future__ import annotations

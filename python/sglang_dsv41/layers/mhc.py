@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from sglang_dsv41.reduction import mean_square
+from sglang_dsv41.reduction import mean_square, plain_mean_square
 
 
 def row_sums(m: torch.Tensor) -> torch.Tensor:
@@ -110,13 +110,20 @@ def gates(
     iters: int,
     hc_eps: float,
     norm_eps: float,
+    mean_sq=mean_square,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One site's gates after its GEMM. x [T, n*H] bf16|fp32 (the flattened input streams), mix
     [T, (2+n)n] fp32 = x . fn^T (raw, before the rsqrt), base [(2+n)n] fp32, scale [3] fp32, n from
-    base -> (pre [T,n], post [T,n], comb [T,n,n]) fp32. Differentiable (plain torch ops)."""
+    base -> (pre [T,n], post [T,n], comb [T,n,n]) fp32. Differentiable (plain torch ops). `mean_sq`:
+    the fixed-order statistic, or the plain one (`gates_plain`, the FAST policy's `mhc_gates`)."""
     n = hc_mult_of(base.numel())
-    mix = mix * torch.rsqrt(mean_square(x) + norm_eps)
+    mix = mix * torch.rsqrt(mean_sq(x) + norm_eps)
     pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + hc_eps
     post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     c = (mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))
     return pre, post, sinkhorn(c, iters, hc_eps)
+
+
+def gates_plain(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: float):
+    """`gates` with the plain mean square (the FAST form of the `mhc_gates` slot)."""
+    return gates(x, mix, base, scale, iters, hc_eps, norm_eps, plain_mean_square)

@@ -7,20 +7,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglang_dsv41.reduction import mean_square
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.reduction import mean_square, plain_mean_square
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x [..., d] any float dtype -> same dtype. weight [d] (bf16/fp32) or None (weightless)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, mean_sq=mean_square) -> torch.Tensor:
+    """x [..., d] any float dtype -> same dtype. weight [d] (bf16/fp32) or None (weightless).
+    `mean_sq` (fp32 [..., 1] of x): the fixed-order statistic, or the plain one (FAST policy)."""
     xf = x.float()
-    y = xf * torch.rsqrt(mean_square(x) + eps)
+    y = xf * torch.rsqrt(mean_sq(x) + eps)
     if weight is not None:
         y = weight.float() * y
     return y.to(x.dtype)
 
 
+def rms_norm_plain(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """`rms_norm` with the plain mean square (the FAST form of the `norm` slot)."""
+    return rms_norm(x, weight, eps, plain_mean_square)
+
+
 class RMSNorm(nn.Module):
-    kernel_slots = {"norm": "rms_norm"}
+    numerics_slots = {"norm": Slot("norm", kernel="rms_norm", fast=rms_norm_plain)}
     norm = staticmethod(rms_norm)  # (x, weight, eps) -> x.dtype
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.bfloat16):
