@@ -34,7 +34,7 @@ kind on CUDA when `policy.rope_table`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 
@@ -140,8 +140,11 @@ def apply_numerics(model, policy: NumericsPolicy):
     defaults) and run the modules' `apply_numerics(policy, shared)` hooks. Returns the model.
     Apply after loading (the Engram hasher exists once the token map is set) and, for TRAIN / FAST,
     after `make_trainable`."""
-    if policy.trains and not getattr(model, "trainable", False):
+    trainable = getattr(model, "trainable", False)
+    if policy.trains and not trainable:
         raise ValueError("a training policy needs a trainable model (train.trainable.make_trainable)")
+    if trainable and policy.table is not None:
+        raise ValueError("kernels read serving weights: a trainable model (master weights) runs exact, train or fast")
     for m in slotted(model):
         for attr, slot in type(m).numerics_slots.items():
             impl = resolve(slot, getattr(policy, slot.family), policy.table)
@@ -161,7 +164,3 @@ def apply_numerics(model, policy: NumericsPolicy):
 def numerics_of(model) -> NumericsPolicy:
     """The policy last applied to `model` (exact if none was)."""
     return model.__dict__.get("numerics") or NumericsPolicy.exact()
-
-
-def policy_fields() -> list[str]:
-    return [f.name for f in fields(NumericsPolicy)]

@@ -47,6 +47,16 @@ def test_training_policy_refuses_a_serving_model(tiny_model):
     assert _instance_slots(tiny_model) == set()
 
 
+def test_kernels_policy_refuses_a_trainable_model(batch):
+    from dsv41_kernels.op_table import OpTable
+
+    model = batch[0]
+    before = _instance_slots(model)
+    with pytest.raises(ValueError, match="trainable model"):
+        apply_numerics(model, NumericsPolicy.kernels(OpTable.twins()))
+    assert _instance_slots(model) == before
+
+
 def test_kernels_policy_with_twins_equals_exact_and_exact_restores(tiny_model, tiny_reference):
     from dsv41_kernels.op_table import OpTable
 
