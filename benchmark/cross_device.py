@@ -32,7 +32,8 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 from dsv41_kernels.registry import FORCE_TORCH_ENV  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, StepTrace, random_prompts  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -123,7 +124,7 @@ HEAD = ("| pass | argmax = reference token | worst margin of a miss | max abs lo
 def record(a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     path, sha = checkpoint(a.preset, a.seed)
-    model = use_kernels(load_model(path, device=dev, progress=False), kernel_table(dev))
+    model = apply_numerics(load_model(path, device=dev, progress=False), NumericsPolicy.kernels(kernel_table(dev)))
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     tokens, trace = run(model, prompts, a.decode, a.chunk, dev)
     blob = dict(preset=a.preset, seed=a.seed, sha256=sha, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",

@@ -44,7 +44,8 @@ from roofline import decode_bytes, measure_ceilings, prefill_flops  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, Sequence, random_prompts  # noqa: E402
 from sglang_dsv41.runtime.graph import DecodeGraph  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.tiny import random_model, write_tiny_checkpoint  # noqa: E402
 
 LOG: list[str] = []
@@ -388,7 +389,7 @@ def main() -> None:
         model = load_model(write_tiny_checkpoint(Path("/tmp/dsv41-bench") / a.preset, a.preset, 0, dev), device=dev, progress=False)
     t_load = time.perf_counter() - t0
     table, calls = kernel_table(dev).counting()
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     ceil = measure_ceilings(dev) if dev == "cuda" else None
     day = datetime.date.today().isoformat()
     cmd = "python " + " ".join(shlex.quote(x) for x in sys.argv)

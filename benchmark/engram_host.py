@@ -59,7 +59,8 @@ from sglang_dsv41.config import ModelConfig  # noqa: E402
 from sglang_dsv41.engram_host import EngramHostTables, EngramPrefetch, place_host_tables, table_tensor_names  # noqa: E402
 from sglang_dsv41.layers.transformer import DeepseekV41  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, random_prompts  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.runtime.pools import KVPools  # noqa: E402
 from sglang_dsv41.tiny import PRESETS, hf_config, quant_fp8_weight_rows, random_tensors  # noqa: E402
 from sglang_dsv41.tokenizer.tiny_tokenizer import save_tiny_tokenizer  # noqa: E402
@@ -138,7 +139,7 @@ class Placement:
         self.model, self.table, self.dev, self.staging = model, table, dev, staging_tokens
         self.device_tables = {lid: model.layers[lid].engram.embed for lid in model.cfg.engram.layer_ids}
         self.prefetch: EngramPrefetch | None = None
-        use_kernels(model, table)  # once: the device tables' slots; host tables get theirs when placed
+        apply_numerics(model, NumericsPolicy.kernels(table))  # once: the device tables' slots; host tables get theirs when placed
 
     def off(self) -> None:
         if self.prefetch is not None:

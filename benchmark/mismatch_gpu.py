@@ -49,7 +49,8 @@ from dsv41_kernels.op_table import OpTable  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.embedded import resolve_model_path  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, Sequence  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.train.mismatch import measure, random_prompts  # noqa: E402
 from sglang_dsv41.train.rollout import Rollout  # noqa: E402
 
@@ -62,7 +63,7 @@ def sample_rollouts(model, table, prompts: list[list[int]], new: int, device: st
     """Prefill every prompt in one chunk, then decode `new` tokens each at temperature 1 (stopping a
     sequence at `stop_id`). -> rollouts with fp32 logprobs and int32 routed experts, op-call counts."""
     table, calls = table.counting()
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     k, layers = model.cfg.moe.n_activated_experts, model.cfg.num_layers
     max_tokens = sum(len(p) + new for p in prompts) + len(prompts) * 64
     drv = Driver(model, max_tokens, len(prompts), page_size=64, device=device, ops=table, graphs=False)

@@ -35,7 +35,8 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 from sglang_dsv41.parallel import ParallelPlan, shard  # noqa: E402
 from sglang_dsv41.parallel.launch import finish, init_from_env  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, random_prompts  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.tiny import random_model  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def run(a) -> None:
     if cuda:
         torch.cuda.empty_cache()
     table = kernel_table(dev)
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     built = time.perf_counter() - t0
     trace: list = []
     cn, cl = _pair(a.check)

@@ -34,7 +34,8 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, Sequence, random_prompts  # noqa: E402
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels  # noqa: E402
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.tiny import random_model  # noqa: E402
 
 PAGE = 64
@@ -47,7 +48,7 @@ def build(a):
     else:
         model = random_model(a.preset, Path("/tmp/dsv41-bench") / f"{a.preset}-mem", dev, fast=a.preset in ("bench", "release"))
     table = kernel_table(dev)
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     return model, table, dev
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from sglang_dsv41.config import EngramConfig
+from sglang_dsv41.numerics import Slot
 from sglang_dsv41.shared_math import hash_rows
 
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -70,8 +71,8 @@ class EngramHasher:
     layers in `config.layer_ids` order.
     """
 
-    # kernel slot (see layers/linear.py): `use_kernels` may set the `engram_hash` op on the instance
-    kernel_slots = {"window_hash": "engram_hash"}
+    # numerics slot (sglang_dsv41/numerics.py): the kernels policy sets the `engram_hash` op on the instance
+    numerics_slots = {"window_hash": Slot("engram", kernel="engram_hash")}
     window_hash = staticmethod(hash_rows)
 
     def __init__(

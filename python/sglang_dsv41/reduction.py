@@ -132,3 +132,10 @@ def mean_square(x: torch.Tensor) -> torch.Tensor:
     ss = ordered_sum(xf * xf)
     d = torch.full((), float(x.size(-1)), dtype=torch.float32, device=x.device)
     return (ss / d).unsqueeze(-1)
+
+
+def plain_mean_square(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] -> fp32 [..., 1], torch's own summation order (device- and shape-dependent): the
+    mean square of the FAST numerics policy (sglang_dsv41/numerics.py)."""
+    xf = x.float()
+    return (xf * xf).mean(-1, keepdim=True)

@@ -40,9 +40,10 @@ GATE_CLAMP = 1e-6
 """Lower clamp of |d| under the Engram gate's signed square root."""
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x [..., d] any float dtype -> x.dtype. weight [d] (bf16/fp32) or None (weightless)."""
-    y = x.float() * torch.rsqrt(mean_square(x) + eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, mean_sq=mean_square) -> torch.Tensor:
+    """x [..., d] any float dtype -> x.dtype. weight [d] (bf16/fp32) or None (weightless). `mean_sq`
+    (fp32 [..., 1] of x): the fixed-order statistic, or the plain one (`reduction.plain_mean_square`)."""
+    y = x.float() * torch.rsqrt(mean_sq(x) + eps)
     if weight is not None:
         y = weight.float() * y
     return y.to(x.dtype)
@@ -179,14 +180,15 @@ def hc_mult_of(mix_dim: int) -> int:
 
 
 def mhc_gates(x: torch.Tensor, mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
-              hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              hc_eps: float, norm_eps: float, mean_sq=mean_square) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One site's gates after its GEMM. x [T, n*H] bf16|fp32 (the flattened input streams), mix
     [T, (2+n)n] fp32 = x . fn^T (raw, before the rsqrt), base [(2+n)n] fp32, scale [3] fp32, n from
     base -> (pre [T,n], post [T,n], comb [T,n,n]) fp32, every step one IEEE operation:
       z = (mix * rsqrt(mean_square(x) + norm_eps)) * scale[part] + base   (part 0: pre, 1: post, 2: comb)
-      pre = sigmoid(z[:n]) + hc_eps, post = 2 * sigmoid(z[n:2n]), comb = sinkhorn(z[2n:] as [n, n])."""
+      pre = sigmoid(z[:n]) + hc_eps, post = 2 * sigmoid(z[n:2n]), comb = sinkhorn(z[2n:] as [n, n]).
+    `mean_sq`: the fixed-order statistic, or the plain one (`reduction.plain_mean_square`)."""
     n = hc_mult_of(base.numel())
-    mix = mix * torch.rsqrt(mean_square(x) + norm_eps)
+    mix = mix * torch.rsqrt(mean_sq(x) + norm_eps)
     pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + hc_eps
     post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     c = (mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))

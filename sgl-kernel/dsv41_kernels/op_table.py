@@ -1,4 +1,4 @@
-"""An op table: the named ops a caller hands to the model (`use_kernels`) and to the paged KV.
+"""An op table: the named ops a caller hands to the model (`NumericsPolicy.kernels(table)`, sglang_dsv41/numerics.py) and to the paged KV.
 
     OpTable.kernels()   every registry op (dispatches to its Triton kernel on CUDA, twin elsewhere)
     OpTable.twins()     every op's torch twin, on any device

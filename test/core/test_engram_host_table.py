@@ -182,12 +182,13 @@ def test_table_rows_not_matching_the_config_name_the_tensor(tiny_model):
 @pytest.mark.parametrize("layout", ["shared", "per_rank"])
 def test_cuda_host_table_with_prefetch_equals_device_tables(tiny_dir, prompt, layout):
     from sglang_dsv41.checkpoint.loader import load_model
-    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
+    from sglang_dsv41.runtime.kernels import kernel_table
 
     table = kernel_table("cuda")
-    dev_model = use_kernels(load_model(tiny_dir, device="cuda", progress=False), table)
+    dev_model = apply_numerics(load_model(tiny_dir, device="cuda", progress=False), NumericsPolicy.kernels(table))
     model, tables = load_model_host_tables(tiny_dir, layout, device="cuda", progress=False)
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     hosts = [m for m in model.modules() if isinstance(m, HostEngramTable)]
     assert all(m.host_weight.is_pinned() and m.host_weight.device.type == "cpu" for m in hosts)
     pre = EngramPrefetch(hosts, 256, "cuda").attach(model)

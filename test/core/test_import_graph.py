@@ -6,6 +6,9 @@
   is installed) imports nothing from `sglang_dsv41.layers`, and of `sglang_dsv41` only the pure core
   modules in KERNEL_MAY_IMPORT (storage formats, the fixed-order reductions, the shared math that the
   layers import too): a twin that needs layer math imports it from `shared_math`, never copies it.
+- The numerics policy (`sglang_dsv41.numerics`: the policy object and `apply_numerics`), which the
+  layers import for their slot declarations, imports no layer, no kernel package, no SGLang and
+  nothing of `train` (the op table is handed to it).
 Each half runs in a fresh interpreter (`python -c`) so that no other test's imports count. Oracle:
 `sys.modules` after the imports.
 - In the SGLang adapter, the request rules (`sglang_dsv41.sglang.requests`) import neither the hook
@@ -45,7 +48,8 @@ def walk(name):
 
 _CORE = _PRELUDE + """
 imported = []
-for name in ("sglang_dsv41.layers", "sglang_dsv41.reference", "sglang_dsv41.config", "sglang_dsv41.quant"):
+for name in ("sglang_dsv41.layers", "sglang_dsv41.reference", "sglang_dsv41.config", "sglang_dsv41.quant",
+             "sglang_dsv41.numerics"):
     imported += walk(name)
 bad = sorted(m for m in sys.modules if m.split(".")[0] in ("dsv41_kernels", "sglang"))
 print(json.dumps({"imported": imported, "bad": bad}))
@@ -63,6 +67,14 @@ if not have_triton:  # the Triton modules cannot import; every other module must
             imported.append(info.name)
 core = sorted(m for m in sys.modules if m.split(".")[0] == "sglang_dsv41")
 print(json.dumps({"imported": imported, "core": core}))
+"""
+
+
+_POLICY = _PRELUDE + """
+imported = walk("sglang_dsv41.numerics")
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("dsv41_kernels", "sglang")
+             or m.startswith(("sglang_dsv41.layers", "sglang_dsv41.train", "sglang_dsv41.runtime")))
+print(json.dumps({"imported": imported, "bad": bad}))
 """
 
 
@@ -149,3 +161,9 @@ import sglang_dsv41.shared_math
 print(json.dumps({"core": sorted(m for m in sys.modules if m.split(".")[0] == "sglang_dsv41")}))
 """)
     assert out["core"] == ["sglang_dsv41", "sglang_dsv41.determinism", "sglang_dsv41.reduction", "sglang_dsv41.shared_math"], out["core"]
+
+
+def test_numerics_policy_imports_no_layers_kernels_or_train():
+    out = _run(_POLICY)
+    assert out["imported"] == ["sglang_dsv41.numerics"]
+    assert out["bad"] == [], f"sglang_dsv41.numerics imported {out['bad']}"

@@ -3,7 +3,7 @@
 (`_old_fp32_linear` below, explicit padding and 64-row splits) bit for bit, for row counts around the
 64-row tile, bf16 / fp32 operands and leading dims, and a row alone equals that row in a batch (the
 float64 oracle with the fp32 bound: test_twin_oracles_math.py); the `fp32_gemm` slots of Head,
-Gate, Block and BF16Linear follow `use_kernels` / `use_torch`, and the tiny model's reference logits are
+Gate, Block and BF16Linear follow the kernels / exact numerics policies, and the tiny model's reference logits are
 the same bits with the op in those slots; the Triton kernel through the interpreter (one subprocess,
 fp32_gemm_interp.py) against the twin within the tolerance and bitwise invariant over rows and configs."""
 
@@ -79,30 +79,30 @@ def _fp32_slots(model):
     return [m for m in model.modules() if isinstance(m, kinds)]
 
 
-def test_fp32_gemm_slots_follow_use_kernels(tiny_model, tiny_reference):
-    """use_kernels points the `fp32_gemm` slot of every Block, Gate, Head and BF16Linear at the table's
-    op (and the forward calls it), use_torch restores the layer function; the reference logits are
+def test_fp32_gemm_slots_follow_the_kernels_policy(tiny_model, tiny_reference):
+    """The kernels policy points the `fp32_gemm` slot of every Block, Gate, Head and BF16Linear at the table's
+    op (and the forward calls it), exact() restores the layer function; the reference logits are
     the same bits either way (on CPU the op runs its twin)."""
     from dsv41_kernels.op_table import OpTable
     from sglang_dsv41.layers.block import Block
     from sglang_dsv41.layers.linear import fp32_linear
-    from sglang_dsv41.runtime.kernels import use_kernels, use_torch
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
 
     slotted = _fp32_slots(tiny_model)
     kinds = {type(m).__name__ for m in slotted}
     assert {"Block", "Gate", "Head", "BF16Linear"} <= kinds, kinds
-    assert Block.kernel_slots["fp32_gemm"] == "fp32_linear"
+    assert Block.numerics_slots["fp32_gemm"].kernel == "fp32_linear"
     ids = torch.randint(3, tiny_model.cfg.vocab_size, (48,), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         want = tiny_reference.forward(ids).logits
     table, calls = OpTable.kernels().counting()
     try:
-        use_kernels(tiny_model, table)
+        apply_numerics(tiny_model, NumericsPolicy.kernels(table))
         assert all(m.__dict__.get("fp32_gemm") is table.fp32_linear for m in slotted)
         with torch.inference_mode():
             got = tiny_reference.forward(ids).logits
     finally:
-        use_torch(tiny_model)
+        apply_numerics(tiny_model, NumericsPolicy.exact())
     assert all("fp32_gemm" not in m.__dict__ and m.fp32_gemm is fp32_linear for m in slotted)
     n_layers = len(tiny_model.layers)
     assert calls[("fp32_linear", "torch")] >= 3 * n_layers + 1, calls  # 2 mHC mixes + router per layer, head

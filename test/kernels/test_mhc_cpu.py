@@ -3,7 +3,7 @@
 cases, and a hand-worked fp32 case; `collapse` / `expand` (explicit sequential sums) equal their former
 formulation (`_old_collapse` / `_old_expand` below, torch CPU's `.sum(dim=1)`, DeepSeek's hc_pre /
 hc_post) bit for bit, and hand-worked sums whose bits depend on the order; `Block`'s mHC slots (and the
-model's final `mhc_collapse`) follow `use_kernels` / `use_torch`, and the tiny model's logits are the
+model's final `mhc_collapse`) follow the kernels / exact numerics policies, and the tiny model's logits are the
 same bits with the former formulation or the twins in those slots; the Triton kernels through the
 interpreter (one subprocess, mhc_interp.py) equal the twins bit for bit."""
 
@@ -64,13 +64,13 @@ def test_twin_rejects_bad_mix_width():
         ops.mhc_gates.torch(torch.ones(1, 32), torch.zeros(1, 10), torch.zeros(10), torch.ones(3), 1, 1e-6, 1e-6)
 
 
-def test_block_slot_follows_use_kernels(tiny_model):
-    """use_kernels points every Block's `mhc_gates` at the table's op, use_torch restores the layer
+def test_block_slot_follows_the_kernels_policy(tiny_model):
+    """The kernels policy points every Block's `mhc_gates` at the table's op, exact() restores the layer
     function; with the twin table a block's (pre, post, comb) are the layer default's bits."""
     from dsv41_kernels.op_table import OpTable
     from sglang_dsv41.layers.block import Block
     from sglang_dsv41.layers.mhc import gates
-    from sglang_dsv41.runtime.kernels import use_kernels, use_torch
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
 
     block = tiny_model.layers[1]
     n, h = tiny_model.cfg.hc.hc_mult, tiny_model.cfg.hidden_size
@@ -80,14 +80,14 @@ def test_block_slot_follows_use_kernels(tiny_model):
         want = [block.hc_mix(site, streams) for site in ("attn", "ffn")]
         table = OpTable.twins()
         try:
-            use_kernels(tiny_model, table)
+            apply_numerics(tiny_model, NumericsPolicy.kernels(table))
             assert all(b.__dict__.get("mhc_gates") is table.mhc_gates for b in tiny_model.layers)
             got = [block.hc_mix(site, streams) for site in ("attn", "ffn")]
         finally:
-            use_torch(tiny_model)
+            apply_numerics(tiny_model, NumericsPolicy.exact())
     assert all("mhc_gates" not in b.__dict__ and b.mhc_gates is gates for b in tiny_model.layers)
-    assert Block.kernel_slots == {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand",
-                                  "fp32_gemm": "fp32_linear"}
+    assert {a: s.kernel for a, s in Block.numerics_slots.items()} == {
+        "mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand", "fp32_gemm": "fp32_linear"}
     for site, a, b in zip(("attn", "ffn"), got, want):
         assert_gates_equal(a, b, what=site)
 
@@ -153,25 +153,25 @@ def test_layer_collapse_expand_keep_gradients():
         assert a.grad is not None and bool(torch.isfinite(a.grad).all()) and a.grad.abs().sum() > 0
 
 
-def test_mhc_stream_slots_follow_use_kernels(tiny_model, tiny_reference):
-    """use_kernels points every Block's `mhc_collapse` / `mhc_expand` and the model's final
-    `mhc_collapse` at the table's ops, use_torch restores the layer functions. The tiny model's
+def test_mhc_stream_slots_follow_the_kernels_policy(tiny_model, tiny_reference):
+    """The kernels policy points every Block's `mhc_collapse` / `mhc_expand` and the model's final
+    `mhc_collapse` at the table's ops, exact() restores the layer functions. The tiny model's
     reference logits are the same bits with the twins, and with the former formulation, in those slots."""
     from dsv41_kernels.op_table import OpTable
     from sglang_dsv41.layers.mhc import collapse, expand
     from sglang_dsv41.layers.transformer import DeepseekV41
-    from sglang_dsv41.runtime.kernels import use_kernels, use_torch
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
 
     ids = torch.randint(3, tiny_model.cfg.vocab_size, (48,), generator=torch.Generator().manual_seed(4))
     slotted = [(b, "mhc_collapse") for b in tiny_model.layers] + [(b, "mhc_expand") for b in tiny_model.layers]
     slotted.append((tiny_model, "mhc_collapse"))
-    assert DeepseekV41.kernel_slots == {"mhc_collapse": "mhc_collapse"}
+    assert {a: s.kernel for a, s in DeepseekV41.numerics_slots.items()} == {"mhc_collapse": "mhc_collapse"}
     table = OpTable.twins()
     try:
-        use_kernels(tiny_model, table)
+        apply_numerics(tiny_model, NumericsPolicy.kernels(table))
         assert all(m.__dict__.get(a) is getattr(table, a) for m, a in slotted)
     finally:
-        use_torch(tiny_model)
+        apply_numerics(tiny_model, NumericsPolicy.exact())
     assert all(a not in m.__dict__ for m, a in slotted)
     assert all(b.mhc_collapse is collapse and b.mhc_expand is expand for b in tiny_model.layers)
     assert tiny_model.mhc_collapse is collapse

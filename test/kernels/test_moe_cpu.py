@@ -1,7 +1,7 @@
 """CPU: the grouped MoE (layer formulation and the `moe_experts` twin) equals the per-expert path bit
 for bit (the official oracles of moe_experts / moe_combine / rms_norm: test_twin_oracles_*.py); the
 layer transformations of
-`use_kernels` (stacked experts, kept `wo_a`, RoPE position tables) change no bit; the Triton kernels
+the kernels policy (stacked experts, kept `wo_a`, RoPE position tables) change no bit; the Triton kernels
 of these ops through the interpreter (one subprocess)."""
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import torch
 from dsv41_kernels.op_table import OpTable
 from sglang_dsv41.checkpoint.loader import load_model
 from sglang_dsv41.runtime.driver import Driver, Sequence
-from sglang_dsv41.runtime.kernels import kernel_table, use_kernels, use_torch
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
+from sglang_dsv41.runtime.kernels import kernel_table
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton kernels)")
 
@@ -28,14 +29,14 @@ def test_runtime_calls_every_kernel_and_matches_twins(tiny_dir):
         return [first] + steps
 
     table, calls = kernel_table("cuda").counting()
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     fast = run(table)
     assert {name for name, impl in calls if impl == "torch"} == set()
     # every op the runtime routes through ran, Engram too; routed experts run as the grouped `moe_experts`
     # op, so the per-linear MXFP4 slot `fp4_linear` (MXFP4Linear outside the grouped path) is not called
     assert {name for name, _ in calls} == set(OpTable.kernels().names()) - {"fp4_linear"}
 
-    use_torch(model)
+    apply_numerics(model, NumericsPolicy.exact())
     twins = run(OpTable.twins(), replay=[o.decisions for o in fast])
     for a, b in zip(fast, twins):
         cos = torch.nn.functional.cosine_similarity(a.logits.float(), b.logits.float(), dim=-1)

@@ -63,18 +63,19 @@ def test_adapter_applies_the_kernel_op_table_on_cuda_only(tiny_dir):
     pytest.importorskip("triton")
     from sglang_dsv41.engram_host import HostEngramTable
     from sglang_dsv41.engram_host.loader import load_model_host_tables
-    from sglang_dsv41.runtime.kernels import _slotted
+    from sglang_dsv41.numerics import slotted as _slotted
     from sglang_dsv41.sglang.model.deepseek_v41 import apply_kernels
 
     model, _ = load_model_host_tables(tiny_dir, "shared", progress=False)
     assert apply_kernels(model, torch.device("cpu")) is None
     slotted = list(_slotted(model))
-    assert all(attr not in m.__dict__ for m in slotted for attr in type(m).kernel_slots)
+    assert all(attr not in m.__dict__ for m in slotted for attr in type(m).numerics_slots)
     table = apply_kernels(model, torch.device("cuda"))
     assert {"engram_gather", "engram_gate", "engram_hash"} <= set(table.names())
     for m in slotted:
-        for attr, op in type(m).kernel_slots.items():
-            assert m.__dict__.get(attr) is getattr(table, op), (type(m).__name__, attr)
+        for attr, slot in type(m).numerics_slots.items():
+            if slot.kernel is not None:
+                assert m.__dict__.get(attr) is getattr(table, slot.kernel), (type(m).__name__, attr)
     hosts = [m for m in model.modules() if isinstance(m, HostEngramTable)]
     assert hosts and all(m.gather is table.engram_gather for m in hosts)
     assert model.hasher.window_hash is table.engram_hash

@@ -24,6 +24,7 @@ from torch import nn
 from sglang_dsv41.engram_host.table import EngramHostTables
 from sglang_dsv41.layers.engram import EngramTable
 from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.numerics import Slot
 from sglang_dsv41.quant import dequant_engram_rows
 
 
@@ -34,7 +35,7 @@ def host_gather(weight: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor
 
 
 class HostEngramTable(nn.Module):
-    kernel_slots = {"gather": "engram_gather"}  # see layers/linear.py
+    numerics_slots = {"gather": Slot("engram", kernel="engram_gather")}  # sglang_dsv41/numerics.py
     gather = staticmethod(host_gather)
 
     def __init__(self, tables: EngramHostTables, k: int):
@@ -71,7 +72,7 @@ class HostEngramTable(nn.Module):
 def place_host_tables(model: DeepseekV41, tables: EngramHostTables, ops=None) -> list[HostEngramTable]:
     """Swap every Engram layer's `EngramTable` for a `HostEngramTable` over `tables`. Call before
     loading the other weights with `load_state_dict(strict=True)` (the table names leave the state
-    dict) and before `use_kernels` (which then points the new modules' gather slots at the ops);
+    dict) and before the kernels policy (`apply_numerics`) (which then points the new modules' gather slots at the ops);
     on a model that has its kernels already, pass the op table as `ops`."""
     e = model.cfg.engram
     placed = []

@@ -52,7 +52,7 @@ class EngramPrefetch:
 
     # ------------------------------------------------------------------ transformation
     def attach(self, model: DeepseekV41) -> "EngramPrefetch":
-        """Wrap the model's hasher slot and point its host tables here. Apply after `use_kernels`
+        """Wrap the model's hasher slot and point its host tables here. Apply after the kernels policy (`apply_numerics`)
         (which resets slots); `detach` undoes it."""
         hasher = model.hasher
         if hasher is None:

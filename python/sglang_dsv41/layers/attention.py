@@ -8,6 +8,10 @@ Output: o [T, h, D] -> inverse rope on the last 64 dims -> wo_a per group (bf16)
 `forward` is the attention site in paper order over a KV interface (layers/kv.py): query, window
 keys, [KV source: compressed KV + index keys], [index source: scores -> candidates -> top-k], sparse
 attention over [window | selected], output. Which rows/keys exist is the KV's business.
+
+Numerics slots (sglang_dsv41/numerics.py): `rope` (op `rope_rotate`), the window / compressed KV
+roundings `window_qdq` / `kv_qdq` (TRAIN: their straight-through forms), and `attention`, the dense
+KV's formulation (EXACT `list_attention`, FAST `masked_attention`; layers/dense_attention.py).
 """
 
 from __future__ import annotations
@@ -19,17 +23,23 @@ from sglang_dsv41.config import LayerRole, ModelConfig
 from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.decisions import Decisions
+from sglang_dsv41.layers.dense_attention import list_attention, masked_attention
 from sglang_dsv41.layers.indexer import Indexer
 from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.rope import Rotary, apply_rope
-from sglang_dsv41.quant import kv_fp4_qdq, window_kv_qdq
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.quant import kv_fp4_qdq, kv_fp4_qdq_ste, window_kv_qdq, window_kv_qdq_ste
 
 
 class Attention(nn.Module):
-    kernel_slots = {"rope": "rope_rotate"}
+    numerics_slots = {"rope": Slot("rope", kernel="rope_rotate"), "window_qdq": Slot("quant", train=window_kv_qdq_ste),
+                      "kv_qdq": Slot("quant", train=kv_fp4_qdq_ste), "attention": Slot("attention", fast=masked_attention)}
     rope = staticmethod(apply_rope)  # (x [T, (h,) d], cos, sin, inverse) -> x rotated (layers/rope.py)
+    window_qdq = staticmethod(window_kv_qdq)  # bf16 [T, D] -> FP8 window grid
+    kv_qdq = staticmethod(kv_fp4_qdq)  # bf16 [n, D] -> FP4 compressed grid
+    attention = staticmethod(list_attention)  # the dense KV's attention (layers/dense_attention.py)
 
     def __init__(self, cfg: ModelConfig, role: LayerRole):
         super().__init__()
@@ -96,11 +106,26 @@ class Attention(nn.Module):
 
     def window_keys(self, kv: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """kv [T, D] bf16 = wkv(x) -> bf16 [T, D] window K(=V) on the FP8 grid."""
-        return window_kv_qdq(self.rope(self.kv_norm(kv), *freqs))
+        return self.window_qdq(self.rope(self.kv_norm(kv), *freqs))
 
     def compressed_kv(self, latent: torch.Tensor, group_freqs: torch.Tensor) -> torch.Tensor:
         """latent [n, D] bf16 pre-RoPE -> bf16 [n, D] on the FP4 (E4M3/16) grid."""
-        return kv_fp4_qdq(self.rope(latent, *group_freqs))
+        return self.kv_qdq(self.rope(latent, *group_freqs))
+
+    def apply_numerics(self, policy, shared: dict) -> None:
+        """Policy hook (numerics.apply_numerics), same bits: under kernels `wo_a` is kept dequantized;
+        with `policy.rope_table` on CUDA the RoPE rows come from one device table per kind (shared
+        by the layers: `shared`), over positions 0 .. max_position_embeddings - 1."""
+        if hasattr(self.wo_a, "keep_dequantized"):
+            self.wo_a.keep_dequantized(policy.table is not None)
+        dev = self.attn_sink.device
+        if not policy.rope_table or dev.type != "cuda":
+            self.rotary.use_table(None)
+            return
+        key = ("rope", self.rotary.table_key)
+        if key not in shared:
+            shared[key] = self.rotary.position_table(self.rotary.max_positions, dev)
+        self.rotary.use_table(shared[key])
 
     def output(self, o: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """o [T, h, D] bf16 -> [T, H] bf16."""

@@ -4,8 +4,8 @@ Parameter names follow the checkpoint: `attn_norm`, `ffn_norm`, `hc_{attn,ffn}_{
 `attn.*`, `ffn.*`, `engram.*`. `forward` runs the attention and MoE sites in paper order with the
 lagged mHC schedule (a sublayer's input is collapsed with the previous site's `pre`, spec model
 3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`. The mHC math
-goes through the kernel slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc), the
-mix GEMM through `fp32_gemm` (default: layers.linear.fp32_linear).
+goes through the numerics slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc), the
+mix GEMM through `fp32_gemm` (default: layers.linear.fp32_linear); sglang_dsv41/numerics.py.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from sglang_dsv41.layers.attention import Attention
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.engram import Engram
 from sglang_dsv41.layers.kv import KV
-from sglang_dsv41.layers.linear import fp32_linear
-from sglang_dsv41.layers.mhc import collapse, expand, gates
+from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, fp32_linear
+from sglang_dsv41.layers.mhc import collapse, expand, gates, gates_plain
 from sglang_dsv41.layers.moe import MoE
 from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.numerics import Slot
 
 
 class Block(nn.Module):
-    kernel_slots = {"mhc_gates": "mhc_gates", "mhc_collapse": "mhc_collapse", "mhc_expand": "mhc_expand",
-                    "fp32_gemm": "fp32_linear"}
+    numerics_slots = {"mhc_gates": Slot("mhc", kernel="mhc_gates", fast=gates_plain),
+                      "mhc_collapse": Slot("mhc", kernel="mhc_collapse"), "mhc_expand": Slot("mhc", kernel="mhc_expand"),
+                      "fp32_gemm": FP32_GEMM_SLOT}
     fp32_gemm = staticmethod(fp32_linear)  # (x [T, n*H], fn [(2+n)n, n*H] fp32) -> mix fp32 [T, (2+n)n]
     mhc_gates = staticmethod(gates)  # (x, mix, base, scale, iters, hc_eps, norm_eps) -> (pre, post, comb)
     mhc_collapse = staticmethod(collapse)  # (streams [T,n,H], pre [T,n]) -> [T,H]

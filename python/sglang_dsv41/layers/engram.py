@@ -16,7 +16,8 @@ from torch import nn
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear
 from sglang_dsv41.quant import dequant_engram_rows
-from sglang_dsv41.reduction import mean_square
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.reduction import mean_square, plain_mean_square
 from sglang_dsv41.shared_math import gate_streams
 
 
@@ -28,7 +29,7 @@ def gather_rows(weight: torch.Tensor, scale: torch.Tensor, row_ids: torch.Tensor
 class EngramTable(nn.Module):
     """weight F8_E4M3 [rows, head_dim], scale F8_E8M0 [rows, head_dim/32] (264 B/row at 256)."""
 
-    kernel_slots = {"gather": "engram_gather"}  # see layers/linear.py
+    numerics_slots = {"gather": Slot("engram", kernel="engram_gather")}  # sglang_dsv41/numerics.py
     gather = staticmethod(gather_rows)
 
     def __init__(self, rows: int, head_dim: int):
@@ -48,14 +49,21 @@ def engram_gate(
     k_weight: torch.Tensor,
     eps: float,
     token_mask: torch.Tensor | None = None,
+    mean_sq=mean_square,
 ) -> torch.Tensor:
     """streams [T, n, H] bf16, kv [T, (n+1)H] bf16 (n keys then the value), q/k_weight [n, H]
-    -> bf16 [T, n, H]. All fp32 with one final cast; token_mask [T] False = unchanged row."""
-    return gate_streams(streams, kv, q_weight, k_weight, eps, token_mask, mean_square)
+    -> bf16 [T, n, H]. All fp32 with one final cast; token_mask [T] False = unchanged row.
+    `mean_sq`: the fixed-order statistic, or the plain one (`engram_gate_plain`, FAST)."""
+    return gate_streams(streams, kv, q_weight, k_weight, eps, token_mask, mean_sq)
+
+
+def engram_gate_plain(streams, kv, q_weight, k_weight, eps, token_mask=None) -> torch.Tensor:
+    """`engram_gate` with the plain mean square (the FAST form of the `gate` slot)."""
+    return engram_gate(streams, kv, q_weight, k_weight, eps, token_mask, plain_mean_square)
 
 
 class Engram(nn.Module):
-    kernel_slots = {"gate": "engram_gate"}
+    numerics_slots = {"gate": Slot("norm", kernel="engram_gate", fast=engram_gate_plain)}
     gate = staticmethod(engram_gate)
 
     def __init__(self, cfg: ModelConfig, layer_id: int):

@@ -19,12 +19,18 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import BF16Linear, FP8Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.rope import apply_rope
-from sglang_dsv41.quant import index_fp4_qdq
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.quant import index_fp4_qdq, index_fp4_qdq_ste
 
 
 def query_quant(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """q bf16 [T, Hi, di] -> bf16 [T, Hi, di] = two-stage FP4 round trip of rope(q)."""
     return index_fp4_qdq(apply_rope(q, cos, sin))
+
+
+def query_quant_ste(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`query_quant` with the straight-through FP4 round trip (TRAIN)."""
+    return index_fp4_qdq_ste(apply_rope(q, cos, sin))
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -72,9 +78,13 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
 
 
 class Indexer(nn.Module):
-    # kernel slots (see layers/linear.py): pure-torch defaults, replaced by `use_kernels`
-    kernel_slots = {"query_quant": "index_query_quant", "select_topk": "topk_select", "select_candidates": "candidate_blocks"}
+    # numerics slots (sglang_dsv41/numerics.py): pure-torch defaults, replaced by `apply_numerics`
+    numerics_slots = {"query_quant": Slot("quant", kernel="index_query_quant", train=query_quant_ste),
+                      "key_quant": Slot("quant", train=index_fp4_qdq_ste),
+                      "select_topk": Slot("indexer", kernel="topk_select"),
+                      "select_candidates": Slot("indexer", kernel="candidate_blocks")}
     query_quant = staticmethod(query_quant)
+    key_quant = staticmethod(index_fp4_qdq)  # bf16 [n, di] -> the two-stage FP4 grid
     select_topk = staticmethod(select_topk)
     select_candidates = staticmethod(select_candidate_blocks)
 
@@ -91,7 +101,7 @@ class Indexer(nn.Module):
 
     def keys(self, latent: torch.Tensor, rotate) -> torch.Tensor:
         """latent [n, D] bf16 (pre-RoPE) -> index keys bf16 [n, di]; `rotate(t)` applies group RoPE."""
-        return index_fp4_qdq(rotate(self.k_norm(self.wk(latent))))
+        return self.key_quant(rotate(self.k_norm(self.wk(latent))))
 
     def queries(self, qr: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """qr [T, q_lora] bf16, freqs (cos, sin) of the rows -> bf16 [T, Hi, di] on the FP4 grid."""

@@ -1,12 +1,13 @@
 """The KV interface of the one forward (`DeepseekV41.forward`): where keys come from.
 
 The forward and its layers own the math and the order of sublayers; a KV object owns storage and
-the rows of one forward. Two implementations:
-  `reference.DenseKV`   one whole sequence from position 0, keys kept as bf16 tensors (the oracle,
-                        training with autograd)
+the rows of one forward:
+  `reference.DenseKV`   B sequences of one length from position 0, keys kept as bf16 tensors (B = 1:
+                        the oracle; a batch: training with autograd); its attention formulation is the
+                        layers' `attention` slot, chosen by the numerics policy
   `runtime.PagedKV`     a packed `Batch` over paged FP8/FP4 pools through an op table (serving)
-Both must give the same rows the same keys in the same order, so a row's result depends only on its
-own request (runtime == reference bit for bit on CPU).
+They give the same rows the same keys in the same order, so a row's result depends only on its own
+request (runtime == reference bit for bit on CPU).
 
 Shapes: N current rows (after a decoder-tail narrowing, only the kept rows), H hidden, D head dim,
 h heads, Hi / di indexer heads / dim, n compressed positions scored.

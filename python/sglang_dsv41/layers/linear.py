@@ -7,11 +7,12 @@
 * `BF16Linear`: plain bf16 GEMM (router, compressor ratio 1, indexer wk/weights_proj).
 Outputs are bf16. Parameters never require grad; quantized weights are consumed as stored.
 
-Kernel slots: the GEMM of `FP8Linear` / `MXFP4Linear` is the class attribute `gemm`, the pure-torch
-`sglang_dsv41.quant` function; `BF16Linear.forward_fp32` goes through `fp32_gemm` (`fp32_linear`,
-from `sglang_dsv41.shared_math`). `kernel_slots` names the op that may replace it; a caller applies
-kernels to a built model (`sglang_dsv41.runtime.kernels.use_kernels`), which sets the attribute on
-the instance. Nothing here imports a kernel.
+Numerics slots (sglang_dsv41/numerics.py): the GEMM of `FP8Linear` / `MXFP4Linear` is the class
+attribute `gemm`, the pure-torch `sglang_dsv41.quant` function; `BF16Linear.forward_fp32` goes
+through `fp32_gemm` (`fp32_linear` from `sglang_dsv41.shared_math`;
+FAST: `fp32_linear_plain`). `numerics_slots` names the op
+that may replace each; `apply_numerics(model, policy)` sets the attribute on the instance. Nothing
+here imports a kernel.
 """
 
 from __future__ import annotations
@@ -21,8 +22,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_dsv41.determinism import deterministic, row_tiled
+from sglang_dsv41.numerics import Slot
 from sglang_dsv41.quant import dequant_fp8_weight, fp4_linear, fp8_linear
 from sglang_dsv41.shared_math import fp32_linear  # batch-invariant fp32 GEMM (the `fp32_gemm` slots)
+
+
+def fp32_linear_plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp32(x) @ fp32(w)^T as one GEMM (rows depend on the shape): the FAST form of `fp32_gemm`."""
+    return F.linear(x.float(), w.float())
+
+
+FP32_GEMM_SLOT = Slot("fp32_gemm", kernel="fp32_linear", fast=fp32_linear_plain)
+"""The `fp32_gemm` slot of Head, Gate, Block (mHC mix) and BF16Linear."""
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
@@ -30,7 +41,7 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
 
 
 class FP8Linear(nn.Module):
-    kernel_slots = {"gemm": "fp8_linear"}
+    numerics_slots = {"gemm": Slot("gemm", kernel="fp8_linear")}
     gemm = staticmethod(fp8_linear)  # (x, weight, scale, block) -> bf16
 
     def __init__(self, in_features: int, out_features: int, block: int = 32):
@@ -59,7 +70,7 @@ class FP8Linear(nn.Module):
 
 
 class MXFP4Linear(nn.Module):
-    kernel_slots = {"gemm": "fp4_linear"}
+    numerics_slots = {"gemm": Slot("gemm", kernel="fp4_linear")}
     gemm = staticmethod(fp4_linear)  # (x, weight_packed, scale) -> bf16
 
     def __init__(self, in_features: int, out_features: int):
@@ -73,7 +84,7 @@ class MXFP4Linear(nn.Module):
 
 
 class BF16Linear(nn.Module):
-    kernel_slots = {"fp32_gemm": "fp32_linear"}  # forward_fp32 only
+    numerics_slots = {"fp32_gemm": FP32_GEMM_SLOT}  # forward_fp32 only
     fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
 
     def __init__(self, in_features: int, out_features: int):

@@ -11,6 +11,11 @@ pairs are sorted by expert once per layer and every expert runs on its contiguou
 Every GEMM row's math is the per-expert path's (MXFP8 quant per row, exact block partials per row), so
 grouping rows changes no bit. The routed weights live in stacked tensors [E, ...] (`expert_weights`:
 each expert's parameters become views of them, so the checkpoint names and memory are unchanged).
+
+Trainable model (master weights, no scales): `expert_weights` stacks the masters each call (so
+gradients reach them) and the `routed` slot takes them: TRAIN `routed_experts_ste` (the value of
+`routed_experts` on the re-quantized bytes, the gradient of `routed_experts_dense`), FAST
+`routed_experts_dense` (every expert on every row in three batched GEMMs, the same roundings).
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_dsv41.config import ModelConfig
-from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear, fp32_linear
-from sglang_dsv41.quant import fp4_linear
+from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, FP8Linear, MXFP4Linear, fp32_linear
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.quant import exact_value, fp4_linear, mxfp4_qdq_ste, mxfp8_qdq_ste, quant_mxfp4
 from sglang_dsv41.shared_math import moe_combine as combine
 from sglang_dsv41.shared_math import swiglu
 
 
 class Gate(nn.Module):
-    kernel_slots = {"fp32_gemm": "fp32_linear"}  # the router logits GEMM (runtime/kernels.py)
+    numerics_slots = {"fp32_gemm": FP32_GEMM_SLOT}  # the router logits GEMM
     fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
 
     def __init__(self, cfg: ModelConfig):
@@ -95,8 +101,42 @@ def routed_experts(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float) -> tor
     return out.view(t, k, x.size(-1))
 
 
+def routed_experts_dense(x, ids, weights, w1, _s1, w3, _s3, w2, _s2, limit: float) -> torch.Tensor:
+    """FAST routed experts of a trainable model: stacked masters w1 / w3 [E, I, H], w2 [E, H, I]
+    (scales None). Every expert on every row (bf16 GEMMs of MXFP8(x) and MXFP4(W), STE), each row's
+    routing weight applied before the cast that feeds w2 (zero for unselected experts) -> bf16
+    [T, k, H] in ascending expert id per row, as `routed_experts`."""
+    t, k = ids.shape
+    sid, rank = ids.long().sort(dim=1)
+    xq = mxfp8_qdq_ste(x)
+    q1, q3, q2 = (mxfp4_qdq_ste(w).to(torch.bfloat16) for w in (w1, w3, w2))
+    g = torch.einsum("th,eih->tei", xq, q1)
+    u = torch.einsum("th,eih->tei", xq, q3)
+    dense_w = torch.zeros(t, w1.size(0), dtype=torch.float32, device=x.device).scatter(1, sid, weights.gather(1, rank))
+    h = swiglu(g, u, limit, dense_w.unsqueeze(-1))  # fp32 [T, E, I]
+    y = torch.einsum("tei,ehi->teh", mxfp8_qdq_ste(h.to(torch.bfloat16)), q2)  # [T, E, H]
+    return y.gather(1, sid.unsqueeze(-1).expand(t, k, y.size(-1)))
+
+
+def routed_experts_ste(x, ids, weights, w1, _s1, w3, _s3, w2, _s2, limit: float) -> torch.Tensor:
+    """TRAIN routed experts of a trainable model (stacked masters as in `routed_experts_dense`): the
+    value is `routed_experts` on the masters' MXFP4 bytes (the serving value), the gradient that of
+    `routed_experts_dense` (the same rounding points)."""
+    packed = [quant_mxfp4(w.detach().float()) for w in (w1, w3, w2)]
+
+    def exact(x, weights, w1, w3, w2):
+        (q1, s1), (q3, s3), (q2, s2) = packed
+        return routed_experts(x, ids, weights, q1, s1, q3, s3, q2, s2, limit)
+
+    def surrogate(x, weights, w1, w3, w2):
+        return routed_experts_dense(x, ids, weights, w1, None, w3, None, w2, None, limit)
+
+    return exact_value(exact, surrogate, x, weights, w1, w3, w2)
+
+
 class MoE(nn.Module):
-    kernel_slots = {"routed": "moe_experts", "combine": "moe_combine"}
+    numerics_slots = {"routed": Slot("moe", kernel="moe_experts", train=routed_experts_ste, fast=routed_experts_dense),
+                      "combine": Slot("moe", kernel="moe_combine")}
     routed = staticmethod(routed_experts)
     combine = staticmethod(combine)  # (routed [T, k, H], shared [T, H]) -> [T, H], the fixed fp32 order
 
@@ -113,7 +153,10 @@ class MoE(nn.Module):
     def expert_weights(self) -> tuple[torch.Tensor, ...]:
         """(w1, s1, w3, s3, w2, s2), each stacked [E, ...]. Built on first use (and again if the
         parameters were replaced, e.g. moved or reloaded): every expert parameter then becomes a view
-        of the stacked tensor, so nothing is held twice."""
+        of the stacked tensor, so nothing is held twice. A trainable model's experts hold masters
+        only: (w1, None, w3, None, w2, None) stacked at every call (differentiable)."""
+        if not hasattr(self.experts[0].w1, "scale"):
+            return tuple(x for n in ("w1", "w3", "w2") for x in (torch.stack([getattr(e, n).weight for e in self.experts]), None))
         params = [p for ex in self.experts for lin in (ex.w1, ex.w3, ex.w2) for p in (lin.weight, lin.scale)]
         st = self._stacked
         if st is not None and all(p.data_ptr() == st[i % 6][i // 6].data_ptr() for i, p in enumerate(params)):
@@ -124,6 +167,11 @@ class MoE(nn.Module):
                 p.data = st[i % 6][i // 6]
         self._stacked = st
         return st
+
+    def apply_numerics(self, policy, shared: dict) -> None:
+        """Policy hook (numerics.apply_numerics): kernels read the stacked experts; stack them now."""
+        if policy.table is not None:
+            self.expert_weights()
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] bf16 -> (y bf16 [T, H], routed expert ids int32 [T, k])."""

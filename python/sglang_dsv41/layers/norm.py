@@ -7,11 +7,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang_dsv41.numerics import Slot
+from sglang_dsv41.reduction import plain_mean_square
 from sglang_dsv41.shared_math import rms_norm
 
 
+def rms_norm_plain(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """`rms_norm` with the plain mean square (the FAST form of the `norm` slot)."""
+    return rms_norm(x, weight, eps, plain_mean_square)
+
+
 class RMSNorm(nn.Module):
-    kernel_slots = {"norm": "rms_norm"}
+    numerics_slots = {"norm": Slot("norm", kernel="rms_norm", fast=rms_norm_plain)}
     norm = staticmethod(rms_norm)  # (x, weight, eps) -> x.dtype
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.bfloat16):

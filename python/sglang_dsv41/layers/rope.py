@@ -43,6 +43,7 @@ class Rotary:
     def __init__(self, cfg: ModelConfig, kind: str):
         r = cfg.rope
         self.dim = r.rope_head_dim
+        self.max_positions = r.max_position_embeddings
         if kind == "plain":
             self._key = (self.dim, r.theta, 0, 1.0, r.beta_fast, r.beta_slow)
         elif kind == "yarn":

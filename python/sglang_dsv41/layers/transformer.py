@@ -3,12 +3,13 @@
 `DeepseekV41.forward(input_ids, kv, replay)` owns the layer loop for every caller:
   reference.ReferenceModel   dense KV, whole sequence, inference mode (the oracle)
   runtime.Runtime            paged KV over a packed batch (serving, the offline driver)
-  train (next)               dense KV with autograd
+  train                      dense KV over a batch of sequences, with autograd (train/trainable.py)
 Paper order: embed -> n identical mHC streams -> per layer [Engram] -> attention site -> MoE site
 (Block.forward, lagged mHC) -> collapse with the last `pre` -> final RMSNorm -> fp32 logits.
 Decoder tail replay (spec attention 7.2) is a property of this loop: at the last KV source, if the
 KV asks for it (`kv.tail_rows()`), that layer pools compressed KV for every row, then the forward
-narrows to the kept rows. Kernels are applied to a built model from outside (runtime/kernels.py).
+narrows to the kept rows. How each op family runs (exact, kernels, trainable, fast) is a numerics
+policy applied to a built model from outside (`numerics.apply_numerics`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.kv import KV
-from sglang_dsv41.layers.linear import fp32_linear
+from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, fp32_linear
 from sglang_dsv41.layers.mhc import collapse, identity_pre
 from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.numerics import Slot
 
 
 class Embedding(nn.Module):
@@ -40,9 +42,9 @@ class Embedding(nn.Module):
 
 class Head(nn.Module):
     """lm head; logits are computed in fp32 from the bf16 weight (the reference keeps it fp32), through
-    the kernel slot `fp32_gemm` (op `fp32_linear`; default: layers.linear.fp32_linear)."""
+    the numerics slot `fp32_gemm` (op `fp32_linear`; default: layers.linear.fp32_linear)."""
 
-    kernel_slots = {"fp32_gemm": "fp32_linear"}
+    numerics_slots = {"fp32_gemm": FP32_GEMM_SLOT}
     fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
 
     def __init__(self, vocab: int, hidden: int):
@@ -65,7 +67,7 @@ class ForwardOutput:
 
 
 class DeepseekV41(nn.Module):
-    kernel_slots = {"mhc_collapse": "mhc_collapse"}  # the final collapse (runtime/kernels.py)
+    numerics_slots = {"mhc_collapse": Slot("mhc", kernel="mhc_collapse")}  # the final collapse
     mhc_collapse = staticmethod(collapse)  # (streams [T,n,H], pre [T,n]) -> [T,H]
 
     def __init__(self, cfg: ModelConfig):

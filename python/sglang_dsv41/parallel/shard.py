@@ -9,7 +9,7 @@ MQA-shaped and replicated, so the paged pools and the reference KV work as they 
 
 `tensor_shards(cfg, plan)` says, for every checkpoint tensor, which part this rank holds (rows or
 columns [lo, hi), the whole tensor, or nothing) and under which name; the loader reads exactly that
-part from the safetensors file (`parallel/load.py`). Apply `shard` before `runtime.kernels.use_kernels`.
+part from the safetensors file (`parallel/load.py`). Apply `shard` before the kernels numerics policy (`numerics.apply_numerics`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
     ShardedEngramTable     Engram rows [lo, hi) (`shard_range`, spec model 5.5); the zero-fill +
                            exact all-reduce lookup of the spec's default device-shard mode.
 
-Each keeps its base class's kernel slots (`gemm`, `fp32_gemm`, `gather`), so `runtime.kernels.use_kernels`
+Each keeps its base class's numerics slots (`gemm`, `fp32_gemm`, `gather`), so the kernels numerics policy (`numerics.apply_numerics`)
 applied after `shard` points them at the op table as usual.
 """
 

@@ -8,9 +8,13 @@ from .fp4 import (
     e2m1_table,
     e2m1_values,
     fp4_linear,
+    fp4_linear_ste,
     index_fp4_stage1,
     kv_fp4_dequant,
     kv_fp4_qdq,
+    kv_fp4_qdq_ste,
+    mxfp4_qdq_ste,
+    quant_mxfp4_keep,
     kv_fp4_quant,
     pack_nibbles,
     quant_mxfp4,
@@ -24,17 +28,23 @@ from .fp8 import (
     e4m3_satfinite,
     e8m0_to_fp32,
     fp8_linear,
+    fp8_linear_plain_ste,
+    fp8_linear_ste,
+    fp8_weight_qdq_ste,
     fp32_pow2_to_e8m0,
     fp32_pow2_to_exponent_byte,
     mxfp8_qdq,
+    mxfp8_qdq_ste,
     mxfp8_quant,
     quant_fp8_weight,
+    quant_fp8_weight_keep,
     ue8m0_ceil_scale,
 )
 from .layouts import (
     index_fp4_nbytes,
     index_fp4_pack,
     index_fp4_qdq,
+    index_fp4_qdq_ste,
     index_fp4_unpack,
     kv_fp4_nbytes,
     kv_fp4_pack,
@@ -42,8 +52,10 @@ from .layouts import (
     window_kv_nbytes,
     window_kv_pack,
     window_kv_qdq,
+    window_kv_qdq_ste,
     window_kv_unpack,
 )
+from .ste import exact_value, ste
 
 __all__ = [
     "FP4_E2M1_MAX", "FP8_E4M3_MAX",
@@ -55,4 +67,8 @@ __all__ = [
     "kv_fp4_unpack", "mxfp8_qdq", "mxfp8_quant", "pack_nibbles", "quant_fp8_weight",
     "quant_mxfp4", "ue8m0_ceil_scale", "unpack_nibbles", "window_kv_nbytes", "window_kv_pack",
     "window_kv_qdq", "window_kv_unpack",
+    # straight-through forms (QAT), next to their quantizers
+    "exact_value", "fp4_linear_ste", "fp8_linear_plain_ste", "fp8_linear_ste", "fp8_weight_qdq_ste",
+    "index_fp4_qdq_ste", "kv_fp4_qdq_ste", "mxfp4_qdq_ste", "mxfp8_qdq_ste", "quant_fp8_weight_keep",
+    "quant_mxfp4_keep", "ste", "window_kv_qdq_ste",
 ]

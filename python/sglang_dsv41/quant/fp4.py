@@ -29,7 +29,9 @@ from .fp8 import (
     fp32_pow2_to_e8m0,
     mxfp8_quant,
     ue8m0_ceil_scale,
+    mxfp8_qdq_keep,
 )
+from .ste import fake_quant, keep_mask, quant_linear, ste
 
 FP4_E2M1_MAX = 6.0
 FP4_MAX_INV = 1.0 / 6.0  # used as fp32(1/6)
@@ -165,3 +167,32 @@ def fp4_linear(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor) -
     wv = e2m1_values(unpack_nibbles(w_packed))
     out = blockwise_scaled_mm(q.to(torch.float32), s, wv, e8m0_to_fp32(w_scale), MX_BLOCK)
     return out.to(torch.bfloat16).reshape(*lead, n)
+
+
+# ---------------------------------------------------------------- straight-through forms (QAT)
+def quant_mxfp4_keep(w: torch.Tensor):
+    """master [..., N, K] -> (int8 packed [..., N, K/2], e8m0 [..., N, K/32], keep bool [..., N, K],
+    dequantized fp32 [..., N, K])."""
+    packed, s = quant_mxfp4(w.float())
+    return packed.view(torch.int8), s, keep_mask(w, e8m0_to_fp32(s), MX_BLOCK, FP4_E2M1_MAX), dequant_mxfp4(packed, s)
+
+
+def mxfp4_qdq_ste(w: torch.Tensor) -> torch.Tensor:
+    """master [..., N, K] -> same dtype on the MXFP4 grid (dequant of the exported bytes), STE."""
+    _, _, keep, wdq = quant_mxfp4_keep(w.detach())
+    return ste(w, wdq.to(w.dtype), keep)
+
+
+def fp4_linear_ste(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x bf16 [..., K], master w [N, K] -> bf16 [..., N] = fp4_linear(x, *quant_mxfp4(w)) (W4A8), STE."""
+    return quant_linear(x, w, quant_mxfp4_keep, fp4_linear, mxfp8_qdq_keep)
+
+
+def kv_fp4_qdq_keep(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    codes, s8 = kv_fp4_quant(x)
+    return kv_fp4_dequant(codes, s8), keep_mask(x, s8.float(), KV_FP4_BLOCK, FP4_E2M1_MAX)
+
+
+def kv_fp4_qdq_ste(x: torch.Tensor) -> torch.Tensor:
+    """`kv_fp4_qdq` with STE gradient (zero where the E4M3 scale made the element clip)."""
+    return fake_quant(x, kv_fp4_qdq_keep)

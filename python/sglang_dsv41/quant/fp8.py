@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .ste import fake_quant, keep_mask, quant_linear, ste
+
 FP8_E4M3_MAX = 448.0
 FP8_MAX_INV = 1.0 / 448.0  # used as fp32(1/448)
 FP8_AMAX_FLOOR = 1e-4
@@ -218,3 +220,43 @@ def fp8_linear(
     ws = e8m0_to_fp32(w_scale).repeat_interleave(block, dim=0)[:n]
     out = blockwise_scaled_mm(q.to(torch.float32), s, w.to(torch.float32), ws, block)
     return out.to(torch.bfloat16).reshape(*lead, n)
+
+
+# ---------------------------------------------------------------- straight-through forms (QAT)
+def mxfp8_qdq_keep(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (mxfp8_qdq(x), keep bool [..., K]: the element was not clipped)."""
+    q, s = mxfp8_quant(x, MX_BLOCK)
+    y = (q.float().unflatten(-1, (s.shape[-1], MX_BLOCK)) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+    return y, keep_mask(x, s, MX_BLOCK, FP8_E4M3_MAX)
+
+
+def mxfp8_qdq_ste(x: torch.Tensor) -> torch.Tensor:
+    """`mxfp8_qdq` (activations before every FP8/FP4 GEMM; the FP8 window KV) with STE gradient."""
+    return fake_quant(x, mxfp8_qdq_keep)
+
+
+def quant_fp8_weight_keep(w: torch.Tensor, block: int = MX_BLOCK):
+    """master [N, K] -> (e4m3 [N, K], e8m0 [N/b, K/b], keep bool [N, K], dequantized fp32 [N, K])."""
+    q, s = quant_fp8_weight(w.float(), block)
+    wdq = dequant_fp8_weight(q, s, block)
+    keep = (w.float() / _expand_block_scale(e8m0_to_fp32(s), *w.shape, block)).abs() <= FP8_E4M3_MAX
+    return q, s, keep, wdq
+
+
+def fp8_weight_qdq_ste(w: torch.Tensor, block: int = MX_BLOCK) -> torch.Tensor:
+    """master [N, K] -> same dtype on the FP8 32x32-tile grid (dequant of the exported bytes), STE."""
+    _, _, keep, wdq = quant_fp8_weight_keep(w.detach(), block)
+    return ste(w, wdq.to(w.dtype), keep)
+
+
+def fp8_linear_ste(x: torch.Tensor, w: torch.Tensor, block: int = MX_BLOCK) -> torch.Tensor:
+    """x bf16 [..., K], master w [N, K] -> bf16 [..., N] = fp8_linear(x, *quant_fp8_weight(w)),
+    STE backward (ste.quant_linear)."""
+    return quant_linear(x, w, lambda t: quant_fp8_weight_keep(t, block),
+                        lambda a, q, s: fp8_linear(a, q, s, block), mxfp8_qdq_keep)
+
+
+def fp8_linear_plain_ste(x: torch.Tensor, w: torch.Tensor, block: int = MX_BLOCK) -> torch.Tensor:
+    """The same roundings as `fp8_linear_ste` (MXFP8(x), FP8 tiles of w, STE), one plain bf16
+    matmul instead of the block-exact accumulation (the FAST gemm)."""
+    return torch.nn.functional.linear(mxfp8_qdq_ste(x), fp8_weight_qdq_ste(w, block).to(torch.bfloat16))

@@ -26,6 +26,7 @@ import torch
 from .fp4 import (
     FP4_E2M1_MAX,
     FP4_MAX_INV,
+    INDEX_AMAX_FLOOR,
     INDEX_FP4_BLOCK,
     KV_FP4_BLOCK,
     e2m1_codes,
@@ -35,6 +36,7 @@ from .fp4 import (
     kv_fp4_quant,
     pack_nibbles,
     unpack_nibbles,
+    _fp4_ue8m0_quant,
 )
 from .fp8 import (
     MX_BLOCK,
@@ -43,9 +45,12 @@ from .fp8 import (
     e8m0_to_fp32,
     fp32_pow2_to_exponent_byte,
     mxfp8_qdq,
+    mxfp8_qdq_ste,
     mxfp8_quant,
     ue8m0_ceil_scale,
 )
+
+from .ste import fake_quant, keep_mask
 
 INDEX_STAGE2_SCALE_FLOOR = 1e-4
 
@@ -134,3 +139,23 @@ def index_fp4_qdq(x: torch.Tensor) -> torch.Tensor:
     output except for -0 (becomes +0) and groups whose amax/6 < 1e-4 (scale floored to 2**-13).
     """
     return index_fp4_unpack(index_fp4_pack(index_fp4_stage1(x)), torch.bfloat16)
+
+
+# ---------------------------------------------------------------- straight-through forms (QAT)
+def window_kv_qdq_ste(x: torch.Tensor) -> torch.Tensor:
+    """`window_kv_qdq` (= MXFP8 over all D dims) with STE gradient."""
+    return mxfp8_qdq_ste(x)
+
+
+def index_fp4_qdq_keep(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _, s1 = _fp4_ue8m0_quant(x, INDEX_FP4_BLOCK, INDEX_AMAX_FLOOR)
+    y1 = index_fp4_stage1(x)
+    slot = index_fp4_pack(y1)
+    s2 = e8m0_to_fp32(slot[..., x.shape[-1] // 2:])
+    keep = keep_mask(x, s1.squeeze(-1), INDEX_FP4_BLOCK, FP4_E2M1_MAX) & keep_mask(y1, s2, INDEX_FP4_BLOCK, FP4_E2M1_MAX)
+    return index_fp4_unpack(slot, torch.bfloat16), keep
+
+
+def index_fp4_qdq_ste(x: torch.Tensor) -> torch.Tensor:
+    """`index_fp4_qdq` (two-stage indexer FP4, queries and keys) with STE gradient."""
+    return fake_quant(x, index_fp4_qdq_keep)

@@ -1,12 +1,22 @@
-"""Dense KV: the keys of one sequence as bf16 tensors on their FP8 / FP4 grids. The KV of the
-reference forward (the oracle) and of training (autograd flows through it).
+"""Dense KV: the keys of B sequences of one length as bf16 tensors on their FP8 / FP4 grids. The KV
+of the reference forward (the oracle, B = 1) and of training (a batch; autograd flows through it).
+
+Rows are sequence-major: row b*T + p is position p of sequence b (B = 1: the positions start..T-1);
+compressed entries of sequence b occupy rows b*(T//r) .. (b+1)*(T//r) - 1 of a layer's pool (T % r
+== 0 when B > 1, so a ratio-2 pair never straddles two sequences). Every row's keys and lists are
+those the sequence alone gives (the per-row math is batch invariant: fp32 GEMM tiles, exact block
+partials, the RMSNorm order), and right padding never changes a real row (causal attention).
+The attention formulation is the `attention` slot of each Attention (the numerics policy:
+layers/dense_attention.py), called on per-sequence keys [B, m, D] and row lists [B, t, K]. For B > 1
+and T <= 64 the window lists are cut to ceil(T / 64) * 64 slots: the cut slots are -1 padding forming
+whole 64-blocks, which the block-64 online softmax skips exactly.
 
 Window key order per query (fixed width `window_size`, so block-64 boundaries never depend on the
 sequence length): oldest window position first, then -1 padding, then the selected compressed
 entries in ascending position order; the paged KV builds exactly the same lists.
 
-The two SWA bounded-replay modes (spec attention 7) are written here as plainly as possible, so the
-paged runtime can be tested against them bit for bit:
+The two SWA bounded-replay modes (spec attention 7, B = 1 only) are written here as plainly as
+possible, so the paged runtime can be tested against them bit for bit:
   decoder tail replay (`tail_replay`, 7.2)   the forward narrows to each prefill chunk's last
       `window` rows at the last KV source; a kept row's late-layer window is floored at its chunk's
       end - window (earlier rows' late-layer window keys are never computed). `chunk=None` is one
@@ -20,12 +30,13 @@ paged runtime can be tested against them bit for bit:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.attention import Attention
 from sglang_dsv41.layers.indexer import index_scores, mask_invisible
-from sglang_dsv41.layers.sparse_attention import sparse_attention
+from sglang_dsv41.layers.sparse_attention import BLOCK
 
 
 def window_indices(positions: torch.Tensor, window: int, floor: int | torch.Tensor, first_row: int) -> torch.Tensor:
@@ -38,25 +49,34 @@ def window_indices(positions: torch.Tensor, window: int, floor: int | torch.Tens
 
 
 class DenseKV:
-    """One forward over one sequence (see layers/kv.py for the interface).
+    """One forward over `batch` sequences of `length` tokens (see layers/kv.py for the interface).
 
-    `length` tokens in all; the forward's rows are positions `start`..length-1 (`start` > 0 only for
-    an encoder-replay hit, built with `resume`)."""
+    The forward's rows are positions `start`..length-1 of each sequence (`start` > 0 only for an
+    encoder-replay hit, built with `resume`). `engram_ids` (int64 [B*T, layers, cols],
+    `EngramHasher.hash_packed` of the rows) may be computed by the caller ahead of time (e.g. outside
+    a captured CUDA graph: the hash syncs with the host)."""
 
     def __init__(self, cfg: ModelConfig, length: int, device: torch.device | str, tail_replay: bool = False,
-                 chunk: int | None = None):
+                 chunk: int | None = None, batch: int = 1, engram_ids: torch.Tensor | None = None):
         if tail_replay:
             cfg.check_decoder_tail_replay()
-        self.cfg, self.length, self.tail_replay, self.chunk = cfg, length, tail_replay, chunk
+        if batch > 1:
+            if tail_replay or chunk is not None:
+                raise ValueError("decoder tail replay and prefill chunks need batch 1")
+            ratios = {r for r in cfg.compression.compress_ratios if r > 1}
+            if any(length % r for r in ratios):
+                raise ValueError(f"length {length} must be a multiple of every compress ratio {sorted(ratios)}")
+        self.cfg, self.length, self.tail_replay, self.chunk, self.batch = cfg, length, tail_replay, chunk, batch
+        self._engram_ids = engram_ids
         self.start = 0
         self.prefix_ids: torch.Tensor | None = None  # int64 ids before `start` (Engram history)
-        self.positions = torch.arange(length, device=device)
+        self.positions = torch.arange(length, device=device).repeat(batch)
         self.floor = torch.zeros_like(self.positions)  # per row: first position its window may read
         self.hit = 0  # encoder replay: positions < hit keep the cached compressed KV
-        self.compressed: dict[int, torch.Tensor] = {}  # KV source -> bf16 [T // r, D] (FP4 grid)
-        self.index_keys: dict[int, torch.Tensor] = {}  # KV source -> bf16 [T // r, di] (FP4 grid)
+        self.compressed: dict[int, torch.Tensor] = {}  # KV source -> bf16 [B * T // r, D] (FP4 grid)
+        self.index_keys: dict[int, torch.Tensor] = {}  # KV source -> bf16 [B * T // r, di] (FP4 grid)
         self.written: set[int] = set()
-        self._window: torch.Tensor | None = None  # current layer's window keys, bf16 [length - start, D]
+        self._window: torch.Tensor | None = None  # current layer's window keys, bf16 [B * (length - start), D]
 
     @classmethod
     def resume(cls, cached: "DenseKV", token_ids: torch.Tensor, hit: int, tail_replay: bool = False) -> "DenseKV":
@@ -84,6 +104,10 @@ class DenseKV:
         return torch.nonzero(self.positions >= self.hit).flatten()
 
     def engram_ids(self, hasher: EngramHasher, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._engram_ids is not None:
+            return self._engram_ids
+        if self.batch > 1:
+            return hasher.hash_packed(input_ids, [self.length] * self.batch)  # every sequence from position 0
         if self.start == 0:
             return hasher.hash_ids(input_ids)
         width = hasher.max_ngram_size - 1
@@ -104,13 +128,15 @@ class DenseKV:
         return torch.nonzero(self.positions >= self._tail_floor).flatten()
 
     def narrow(self, keep: torch.Tensor) -> None:
+        if self.batch > 1:
+            raise NotImplementedError("a batch runs every row through every layer")
         self.positions = self.positions[keep]
         self.floor = torch.maximum(self.floor[keep], self._tail_floor[keep])
 
     # ------------------------------------------------------------------ keys
     def store_window(self, attn: Attention, kv: torch.Tensor, freqs) -> None:
         keys = attn.window_keys(kv, freqs)
-        if keys.size(0) == self.length - self.start:
+        if keys.size(0) == self.batch * (self.length - self.start):
             self._window = keys
         else:  # narrowed: place the kept rows by position; other rows are never read (floors)
             self._window = keys.new_zeros(self.length - self.start, keys.size(1))
@@ -124,10 +150,11 @@ class DenseKV:
         if lid in self.written:
             return
         self.written.add(lid)
-        latent = attn.compressor(x)  # [(T - start) // r, D]
+        latent = attn.compressor(x)  # [B * (T - start) // r, D]
         first = self.hit // ratio - self.start // ratio  # first group of this forward not cached
         latent = latent[first:]
-        group_pos = (torch.arange(latent.size(0), device=x.device) + self.hit // ratio) * ratio
+        groups = latent.size(0) // self.batch
+        group_pos = ((torch.arange(groups, device=x.device) + self.hit // ratio) * ratio).repeat(self.batch)
         gfreqs = attn.rotary.freqs(group_pos)
         comp = attn.compressed_kv(latent, gfreqs)
         if attn.role.is_index_source:
@@ -137,14 +164,25 @@ class DenseKV:
 
     def index_scores(self, attn: Attention, q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         visible = torch.div(self.positions + 1, attn.role.compress_ratio, rounding_mode="floor")
-        scores = index_scores(q, w, self.index_keys[attn.role.kv_source])
+        keys = self.index_keys[attn.role.kv_source]
+        if self.batch == 1:
+            scores = index_scores(q, w, keys)
+        else:  # each sequence's rows against its own keys, one batched GEMM (the same per-row values)
+            b, t = self.batch, q.size(0) // self.batch
+            logits = torch.einsum("bthd,bnd->bthn", q.view(b, t, *q.shape[1:]), keys.view(b, -1, keys.size(-1)))
+            scores = (F.relu(logits) * w.view(b, t, -1, 1)).sum(dim=2).flatten(0, 1)
         return mask_invisible(scores, visible).float(), visible
 
     def attend(self, attn: Attention, q: torch.Tensor, topk: torch.Tensor | None) -> torch.Tensor:
-        keys = self._window
-        idx = window_indices(self.positions, self.cfg.attention.window_size, self.floor, self.start)
+        b, w = self.batch, self.cfg.attention.window_size
+        t = q.size(0) // b
+        keys = self._window.view(b, -1, self._window.size(-1))  # [B, length - start, D]
+        idx = window_indices(self.positions, w, self.floor, self.start).view(b, t, w)
+        if b > 1 and w % BLOCK == 0:  # trailing whole blocks of -1 slots are exact no-ops of the online softmax
+            idx = idx[..., : min(w, -(-keys.size(1) // BLOCK) * BLOCK)]
         if topk is not None:
-            n = keys.size(0)
-            keys = torch.cat([keys, self.compressed[attn.role.kv_source]])
-            idx = torch.cat([idx, torch.where(topk >= 0, topk + n, -1)], dim=-1)
-        return sparse_attention(q, keys, attn.attn_sink, idx, attn.softmax_scale)
+            n = keys.size(1)
+            keys = torch.cat([keys, self.compressed[attn.role.kv_source].view(b, -1, keys.size(-1))], dim=1)
+            idx = torch.cat([idx, torch.where(topk >= 0, topk + n, -1).view(b, t, -1)], dim=-1)
+        o = attn.attention(q.view(b, t, *q.shape[1:]), keys, idx, attn.attn_sink, attn.softmax_scale)
+        return o.flatten(0, 1)

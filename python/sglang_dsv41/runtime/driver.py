@@ -58,7 +58,7 @@ class Driver:
                  device: str | torch.device = "cpu", poison: bool = False, ops=None,
                  decoder_replay: bool = False, encoder_replay: bool = False, graphs: bool = False):
         """`ops`: the paged KV's op table (default: registry ops). Kernels for the model's own slots
-        are the caller's choice (`runtime.kernels.use_kernels`), as `main` does on CUDA.
+        are the caller's choice (`apply_numerics(model, NumericsPolicy.kernels(table))`), as `main` does on CUDA.
         `decoder_replay` / `encoder_replay`: the SWA bounded-replay modes (spec attention 7).
         `graphs`: decode steps run as fixed-shape `DecodeGraph`s, one per (batch size, capacity),
         captured on CUDA (run eagerly elsewhere); False: the eager step with the batch's own shapes."""
@@ -266,7 +266,8 @@ def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[
 
 
 def main(argv: list[str] | None = None) -> None:
-    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
+    from sglang_dsv41.runtime.kernels import kernel_table
 
     ap = argparse.ArgumentParser(description="Offline prefill + greedy decode over the paged runtime.")
     ap.add_argument("--model", default="deepseek-v4.1-tiny")
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(e))
     a.no_graph |= comm.size > 1  # the sharded MoE reads its routed pairs on the host: eager steps
     table = kernel_table(a.device)
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     prompts = random_prompts(model.cfg.vocab_size, a.prompts, a.prompt_len, a.seed)
     drv = Driver(model, a.prompts * (a.prompt_len + a.decode) + a.prompts * a.page_size, a.prompts, a.page_size,
                  a.device, ops=table, decoder_replay=a.decoder_replay, encoder_replay=a.encoder_replay,

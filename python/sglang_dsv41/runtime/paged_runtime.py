@@ -5,8 +5,8 @@
 SWA bounded replay (spec attention 7): `decoder_replay=True` narrows every prefill forward to each
 request's tail at the last KV source (decode-only forwards are unaffected and run as usual); encoder
 replay is a property of the pools (`KVPools(window_rings=True)`) and of the batch (`replay_lens`).
-The model's own kernel slots (GEMMs, indexer query/top-k, Engram) are applied by whoever owns the
-model (`runtime.kernels.use_kernels`); the runtime never changes the model it is given.
+The model's own numerics slots (GEMMs, indexer query/top-k, Engram) are applied by whoever owns the
+model (the kernels numerics policy (`numerics.apply_numerics`)); the runtime never changes the model it is given.
 """
 
 from __future__ import annotations

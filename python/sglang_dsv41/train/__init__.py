@@ -1,8 +1,8 @@
 """Training backend: the ONE forward (`DeepseekV41.forward`) over a dense KV with autograd, QAT.
 
 Public API (see docs/training.md):
-  fake_quant                  straight-through ops, one per serving rounding
   make_trainable(model)       built DeepseekV41 -> QAT trainable model, in place (master weights)
+  apply_numerics(m, NumericsPolicy.train(fast=True))   the fast forms (sglang_dsv41/numerics.py)
   load_trainable(path)        checkpoint dir / embedded alias -> trainable model
   trainable_parameters(m)     [(name, param)] that get gradients
   forward_train(m, ids, replay=None)        THE forward over a DenseKV, with autograd
@@ -12,7 +12,6 @@ Public API (see docs/training.md):
   export_checkpoint(m, out_dir, source)          write a checkpoint directory
 """
 
-from sglang_dsv41.train import fake_quant
 from sglang_dsv41.train.export import checkpoint_tensors, export_checkpoint
 from sglang_dsv41.train.trainable import (
     QATFP8Linear,
@@ -26,7 +25,7 @@ from sglang_dsv41.train.trainable import (
 )
 
 __all__ = [
-    "QATFP8Linear", "QATMXFP4Linear", "checkpoint_tensors", "export_checkpoint", "fake_quant",
+    "QATFP8Linear", "QATMXFP4Linear", "checkpoint_tensors", "export_checkpoint",
     "forward_train", "load_trainable", "make_trainable", "sequence_loss", "token_logprobs",
     "trainable_parameters",
 ]

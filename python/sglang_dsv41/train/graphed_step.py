@@ -1,6 +1,6 @@
 """One whole training step (forward, backward, clipping, AdamW) captured as a CUDA graph.
 
-The fast numerics (fast_numerics.py) over a fixed batch shape [B, T] launch the same ~3 * 10^4 small
+The fast numerics policy (`NumericsPolicy.train(fast=True)`) over a fixed batch shape [B, T] launch the same ~3 * 10^4 small
 kernels every step with no host synchronisation (the Engram hash, which syncs, is computed outside),
 so the step is captured once and replayed: the launch overhead, not the GPU, is what bounds a step
 of the small presets. Static buffers: ids int64 [B*T], target mask bool [B*T], Engram row ids;

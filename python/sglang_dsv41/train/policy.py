@@ -1,5 +1,5 @@
 """The trainer's side of an RL step: response log-probabilities of a batch of rollouts in ONE forward
-(the trainable model over a `BatchDenseKV`, with autograd), optionally with the rollouts' routed
+(the trainable model over a batch `DenseKV`, with autograd), optionally with the rollouts' routed
 experts forced (R3).
 
 Layout: each rollout's `prompt + response` is right-padded to one even length T (PAD_TOKEN_ID);
@@ -7,7 +7,7 @@ row b*T + p is position p of rollout b. The logits of row b*T + P_b - 1 + j scor
 For R3 every layer's forced ids cover all B*T rows: rows 0 .. P_b + R_b - 2 of rollout b take the
 server's experts (exactly the tokens the server ran a forward on); the rest (its last sampled token
 and the padding) take experts 0..k-1, which only reach rows that are never scored (causal attention).
-Padding never changes a real row (batch_kv.py), so the values are those of one DenseKV forward per
+Padding never changes a real row (reference/dense_kv.py), so the values are those of one DenseKV forward per
 rollout, which is what the server computed (train/mismatch.py measures it).
 """
 
@@ -20,8 +20,8 @@ import torch
 
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.reference.dense_kv import DenseKV
 from sglang_dsv41.tokenizer.tiny_tokenizer import PAD_TOKEN_ID
-from sglang_dsv41.train.batch_kv import BatchDenseKV
 from sglang_dsv41.train.rollout import Rollout
 
 
@@ -65,7 +65,7 @@ def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: boo
             forced[i, : r.routed_experts.shape[0]] = r.routed_experts
         forced = forced.flatten(0, 1).to(device)
         replay = Decisions(routed_experts={layer: forced[:, layer].contiguous() for layer in range(layers)})
-    out = model(ids.flatten().to(device), BatchDenseKV(cfg, b, t, device), replay)
+    out = model(ids.flatten().to(device), DenseKV(cfg, t, device, batch=b), replay)
     logits = out.logits.view(b, t, -1)
     lps, tempered, routed = [], [], []
     for i, r in enumerate(rollouts):

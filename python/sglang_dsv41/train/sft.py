@@ -4,17 +4,17 @@
         [--steps 400] [--batch 32] [--lr 3e-3] [--levels 1:1,2:3] [--eval-level 2] [--eval-n 200]
         [--fast] [--exact-steps N] [--pad-to T] [--cuda-graph] [--max-minutes M]
 
-`--fast` trains in the fast numerics (fast_numerics.py: the same parameters and the same weight /
-activation / KV roundings with straight-through gradients, plain batched GEMMs, reductions and
-attention), then `--exact-steps` steps in the exact QAT forward (the serving numerics) at the final
-learning rate; held-out accuracy is reported in both numerics and the exported checkpoint is what
+`--fast` trains under the fast numerics policy (`NumericsPolicy.train(fast=True)`, sglang_dsv41/numerics.py:
+the same parameters and the same weight / activation / KV roundings with straight-through
+gradients, plain batched GEMMs, reductions and attention), then `--exact-steps` steps under
+`NumericsPolicy.train()` (the serving numerics) at the final learning rate; held-out accuracy is reported in both numerics and the exported checkpoint is what
 the exact forward computes. `--pad-to T` pads every batch to T tokens (one shape for the whole
 run); with `--cuda-graph` (CUDA, fast, single process) the whole step is captured once and replayed
 (graphed_step.py), and the run falls back to eager steps if the capture fails.
 
 Each step draws `batch` train-split problems (task.py; level weights from `--levels`), renders
 prompt + target ids exactly as the server renders the chat request (ChatRenderer), right-pads them to
-one even length and runs THE forward once over a `BatchDenseKV` with the QAT trainable model
+one even length and runs THE forward once over a batch `DenseKV` with the QAT trainable model
 (serving roundings with straight-through gradients). Loss: mean cross-entropy over the target tokens
 (answer text and end-of-sentence). AdamW, linear warm-up then cosine decay over the steps or the
 `--max-minutes` budget, gradient clipping.
@@ -48,9 +48,9 @@ from tqdm import tqdm
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.tokenizer.tiny_tokenizer import PAD_TOKEN_ID
 from sglang_dsv41.train import ddp, task
-from sglang_dsv41.train.batch_kv import BatchDenseKV
+from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
+from sglang_dsv41.reference.dense_kv import DenseKV
 from sglang_dsv41.train.export import export_checkpoint
-from sglang_dsv41.train.fast_numerics import FastBatchDenseKV, is_fast, set_fast, use_position_tables
 from sglang_dsv41.train.trainable import load_trainable, trainable_parameters
 
 
@@ -72,11 +72,9 @@ def collate(examples: list[tuple[list[int], list[int]]], device, pad_to: int = 0
     return torch.from_numpy(ids).flatten().to(device), torch.from_numpy(mask).flatten().to(device), t
 
 
-def make_kv(model: DeepseekV41, b: int, t: int, device, engram_ids: torch.Tensor | None = None):
-    """The batch KV for the model's current numerics (fast_numerics.set_fast or exact)."""
-    if is_fast(model):
-        return FastBatchDenseKV(model.cfg, b, t, device, engram_ids)
-    return BatchDenseKV(model.cfg, b, t, device)
+def make_kv(model: DeepseekV41, b: int, t: int, device, engram_ids: torch.Tensor | None = None) -> DenseKV:
+    """The batch KV of B sequences of length t (its attention formulation is the model's policy)."""
+    return DenseKV(model.cfg, t, device, batch=b, engram_ids=engram_ids)
 
 
 def batch_logits(model: DeepseekV41, ids: torch.Tensor, t: int, forward=None, engram_ids=None) -> torch.Tensor:
@@ -165,9 +163,7 @@ def train(args: argparse.Namespace) -> dict | None:
             torch.cuda.set_device(args.device)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     model = load_trainable(args.model, device=args.device)
-    set_fast(model, args.fast)
-    if str(args.device).startswith("cuda"):
-        use_position_tables(model, 4096)  # RoPE rows from a device table: no host sync per layer
+    apply_numerics(model, NumericsPolicy.train(fast=args.fast))  # CUDA: RoPE rows from device tables
     forward = ddp.wrap(model, torch.device(args.device)) if world > 1 else model
     renderer = task.ChatRenderer(args.model)
     params = [p for _, p in trainable_parameters(model)]
@@ -255,7 +251,7 @@ def train(args: argparse.Namespace) -> dict | None:
     acc_fast = heldout_accuracy(model, renderer, args.eval_level, args.eval_n) if args.fast else None
     exact_s, exact_done = 0.0, 0
     if args.fast:
-        set_fast(model, False)
+        apply_numerics(model, NumericsPolicy.train())
         opt.zero_grad(set_to_none=True)
         model.train()
         t1 = time.perf_counter()
@@ -280,8 +276,8 @@ def train(args: argparse.Namespace) -> dict | None:
         "command": "python -m sglang_dsv41.train.sft " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "source_model": str(args.model), "steps": done, "planned_steps": args.steps, "batch": args.batch, "lr": args.lr,
         "levels": args.levels, "seed": args.seed, "train_seconds": round(train_s, 1),
-        "numerics": ("fast (fast_numerics.py) for the steps, then the exact QAT forward for exact_steps"
-                     if args.fast else "exact QAT forward (the serving numerics)"),
+        "numerics": ("fast (NumericsPolicy.train(fast=True)) for the steps, then the exact QAT forward"
+                     " (NumericsPolicy.train()) for exact_steps" if args.fast else "exact QAT forward (the serving numerics)"),
         "cuda_graph": bool(runner is not None), "exact_steps": exact_done, "exact_seconds": round(exact_s, 1),
         "steps_per_second": round(done / max(train_s, 1e-9), 3), "pad_to": args.pad_to,
         "heldout": {"level": args.eval_level, "n": args.eval_n, "greedy_exact_match": acc,
@@ -313,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bar-interval", type=float, default=0.1, help="seconds between progress bar updates")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop training after this long (then evaluate and export)")
     ap.add_argument("--warmup", type=float, default=0.05, help="fraction of the run with a linear learning-rate warm-up")
-    ap.add_argument("--fast", action="store_true", help="train in the fast numerics (fast_numerics.py), then --exact-steps exact steps")
+    ap.add_argument("--fast", action="store_true", help="train under the fast numerics policy, then --exact-steps exact steps")
     ap.add_argument("--exact-steps", type=int, default=0, help="exact QAT steps after a --fast run")
     ap.add_argument("--exact-batch", type=int, default=0, help="batch of the exact steps (0: --batch)")
     ap.add_argument("--exact-lr", type=float, default=0.1, help="learning rate of the exact steps, as a fraction of --lr")

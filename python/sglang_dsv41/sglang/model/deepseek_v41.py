@@ -38,16 +38,17 @@ logger = logging.getLogger(__name__)
 
 def apply_kernels(model: DeepseekV41, device: torch.device) -> OpTable | None:
     """On CUDA: point every kernel slot of the loaded model (GEMMs, norms, MoE, indexer, Engram hash /
-    gather / gate, host tables included) at the registry op table (`runtime.kernels.use_kernels`) and
+    gather / gate, host tables included) at the registry op table (`NumericsPolicy.kernels(table)`) and
     return the table, which the paged KV uses too. Elsewhere None: the layers keep their torch
     defaults (the twins' math). Call after the token map is set (the hasher exists) and before the
     Engram prefetch attaches (it wraps the hasher's slot)."""
     if torch.device(device).type != "cuda":
         return None
-    from sglang_dsv41.runtime.kernels import kernel_table, use_kernels
+    from sglang_dsv41.numerics import NumericsPolicy, apply_numerics
+    from sglang_dsv41.runtime.kernels import kernel_table
 
     table = kernel_table(device)
-    use_kernels(model, table)
+    apply_numerics(model, NumericsPolicy.kernels(table))
     return table
 
 
@@ -138,7 +139,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         with torch.no_grad():
             for name, t in tensors.items():
                 state[name].copy_(t)  # stacked MoE experts: the parameters are views, so the stack follows
-        for m in self.model.modules():  # copies derived from weights (runtime.kernels.prepare_layers)
+        for m in self.model.modules():  # copies derived from weights (Attention.apply_numerics)
             if "_dequantized" in m.__dict__:
                 m.keep_dequantized(True)
         logger.info("weight update: %d of %d tensors replaced", len(tensors), len(state))

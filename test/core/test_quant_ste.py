@@ -1,4 +1,4 @@
-"""CPU: straight-through fake-quant ops (train/fake_quant.py).
+"""CPU: the straight-through forms of the quantizers (`quant.*_ste`, quant/ste.py).
 
 Oracles: the forward value of each op is the serving quantizer of `sglang_dsv41.quant` (bitwise);
 the gradient is the upstream gradient where |x / scale| <= the format's max and zero where the
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from sglang_dsv41 import quant
-from sglang_dsv41.train import fake_quant as fq
 
 
 def _x(shape, seed=0, scale=1.0, dtype=torch.bfloat16):
@@ -38,12 +37,12 @@ def _grad(op, x):
 
 
 CASES = {
-    "mxfp8_act": (fq.mxfp8_act, quant.mxfp8_qdq, torch.bfloat16),
-    "window_kv": (fq.window_kv, quant.window_kv_qdq, torch.bfloat16),
-    "kv_fp4": (fq.kv_fp4, quant.kv_fp4_qdq, torch.bfloat16),
-    "index_fp4": (fq.index_fp4, quant.index_fp4_qdq, torch.bfloat16),
-    "fp8_block_weight": (fq.fp8_block_weight, lambda w: quant.dequant_fp8_weight(*quant.quant_fp8_weight(w)), torch.float32),
-    "mxfp4_weight": (fq.mxfp4_weight, lambda w: quant.dequant_mxfp4(*quant.quant_mxfp4(w)), torch.float32),
+    "mxfp8_act": (quant.mxfp8_qdq_ste, quant.mxfp8_qdq, torch.bfloat16),
+    "window_kv": (quant.window_kv_qdq_ste, quant.window_kv_qdq, torch.bfloat16),
+    "kv_fp4": (quant.kv_fp4_qdq_ste, quant.kv_fp4_qdq, torch.bfloat16),
+    "index_fp4": (quant.index_fp4_qdq_ste, quant.index_fp4_qdq, torch.bfloat16),
+    "fp8_block_weight": (quant.fp8_weight_qdq_ste, lambda w: quant.dequant_fp8_weight(*quant.quant_fp8_weight(w)), torch.float32),
+    "mxfp4_weight": (quant.mxfp4_qdq_ste, lambda w: quant.dequant_mxfp4(*quant.quant_mxfp4(w)), torch.float32),
 }
 
 
@@ -78,7 +77,7 @@ def test_kv_fp4_gradient_zero_exactly_where_clipped():
     # saturated scale: amax / 6 > 448 -> scale 448, elements above 6 * 448 = 2688 clip
     x[1, :16] = torch.tensor([3000.0, -2700.0, 2688.0, 100.0] + [1.0] * 12)
     x = x.to(torch.bfloat16)
-    y, gx, up = _grad(fq.kv_fp4, x)
+    y, gx, up = _grad(quant.kv_fp4_qdq_ste, x)
     clipped = torch.zeros(4, 64, dtype=torch.bool)
     clipped[0, 3] = True
     clipped[1, 0] = clipped[1, 1] = True
@@ -90,7 +89,7 @@ def test_kv_fp4_gradient_zero_exactly_where_clipped():
 
 def test_kv_fp4_random_rows_clip_where_the_max_exceeds_six_scales():
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    _, gx, up = _grad(fq.kv_fp4, x)
+    _, gx, up = _grad(quant.kv_fp4_qdq_ste, x)
     _, s8 = quant.kv_fp4_quant(x)
     limit = 6 * s8.float().repeat_interleave(16, dim=-1)
     clipped = x.float().abs() > limit
@@ -102,7 +101,7 @@ def test_kv_fp4_random_rows_clip_where_the_max_exceeds_six_scales():
 def test_nan_elements_get_zero_gradient():
     x = torch.randn(2, 64).to(torch.bfloat16)
     x[0, 7] = float("nan")
-    _, gx, up = _grad(fq.mxfp8_act, x)
+    _, gx, up = _grad(quant.mxfp8_qdq_ste, x)
     assert gx[0, 7] == 0 and torch.equal(gx[1], up[1])
 
 
@@ -112,11 +111,11 @@ def test_linear_value_is_the_serving_gemm_and_gradient_is_ste(fmt):
     x = (torch.randn(5, 64, generator=g) * 3).to(torch.bfloat16).requires_grad_(True)
     w = (torch.randn(96, 64, generator=g) / 8).requires_grad_(True)
     if fmt == "fp8":
-        y = fq.fp8_linear_ste(x, w)
+        y = quant.fp8_linear_ste(x, w)
         want = quant.fp8_linear(x.detach(), *quant.quant_fp8_weight(w.detach()))
         wdq = quant.dequant_fp8_weight(*quant.quant_fp8_weight(w.detach()))
     else:
-        y = fq.mxfp4_linear_ste(x, w)
+        y = quant.fp4_linear_ste(x, w)
         want = quant.fp4_linear(x.detach(), *quant.quant_mxfp4(w.detach()))
         wdq = quant.dequant_mxfp4(*quant.quant_mxfp4(w.detach()))
     assert torch.equal(y.detach(), want)
@@ -129,7 +128,7 @@ def test_linear_value_is_the_serving_gemm_and_gradient_is_ste(fmt):
 
 def test_exact_value_takes_value_from_exact_and_gradient_from_surrogate():
     x = torch.tensor([1.3, -2.7, 0.4], requires_grad=True)
-    y = fq.exact_value(lambda t: torch.round(t), lambda t: 2 * t, x)
+    y = quant.exact_value(lambda t: torch.round(t), lambda t: 2 * t, x)
     assert torch.equal(y.detach(), torch.tensor([1.0, -3.0, 0.0]))
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
