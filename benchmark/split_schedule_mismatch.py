@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         model_dir = str(write_tiny_checkpoint(tmp / "tiny", "tiny", seed=0))
     log = Path(a.log) if a.log else tmp / "server.log"
     t_start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the server
     proc, url = start_server(model_dir, log, a.server_args)
     model = load_model(model_dir, progress=False)
     try:
