@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 KERNEL_MAY_IMPORT = {"sglang_dsv41", "sglang_dsv41.determinism", "sglang_dsv41.quant", "sglang_dsv41.quant.fp4",
-                     "sglang_dsv41.quant.fp8", "sglang_dsv41.quant.layouts", "sglang_dsv41.reduction",
+                     "sglang_dsv41.quant.fp8", "sglang_dsv41.quant.layouts", "sglang_dsv41.quant.ste",
+                     "sglang_dsv41.reduction",
                      "sglang_dsv41.shared_math"}
 
 _PRELUDE = f"""

@@ -6,9 +6,11 @@ Oracle: the trainer's forward (`train.logprobs.response_logprobs`, the one forwa
 on the checkpoint the server should be serving. The server returns logprobs of the raw distribution
 (SGLANG_RETURN_ORIGINAL_LOGPROB=1, as docs/rl.md says an RL server must). Server and trainer both run
 SGLANG_DSV41_DETERMINISTIC=1, as docs/rl.md prescribes for RL (a CPU bf16 GEMM's last bits can depend on
-its row count on some CPUs). Known open bug (docs/rl.md, "Known issue"): when SGLang schedules the two
-samples in separate prefills, the last sampled token's server logprob differs now and then (KL 7.8e-5
-in one CI run), with or without deterministic mode; this test then fails, as it should."""
+its row count on some CPUs). Known open bug (docs/rl.md, "Known issue", cause not found yet): when
+SGLang schedules two samples of one prompt in separate prefills, the last sampled token's server
+logprob differs now and then (KL 7.8e-5 in one CI run), with or without deterministic mode; the
+mismatch test then fails, as it should (benchmark/split_schedule_mismatch.py is the stress run of that
+schedule; test/sglang/test_split_schedules.py drives it through the adapter's batch builders)."""
 
 from __future__ import annotations
 

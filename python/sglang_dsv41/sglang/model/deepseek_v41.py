@@ -31,6 +31,7 @@ from sglang_dsv41.sglang.model.server_args import swa_replay_modes
 from sglang_dsv41.sglang.model.tensor_parallel import sglang_sharding
 from sglang_dsv41.sglang.model.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
 from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, identity_logits, plan_logits
+from sglang_dsv41.sglang.model.forward_dump import ForwardDump
 from sglang_dsv41.sglang.model.report import startup_report
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.history_width = max(ngram - 1, 1)
         # Engram tables in host memory (docs/engram.md); a bad variable value fails here, at startup.
         self.engram_host = EngramHostPlacement.from_env(self.cfg, self.device)
+        self.dump = ForwardDump.from_env()  # diagnostic (forward_dump.py); None unless asked for
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -210,6 +212,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         replay_lens = self._window_replay(fb)
         batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens)
         out = runtime.forward(batch)
+        if self.dump is not None:
+            self.dump.write(fb, batch, out.logits)
         if self.windows is not None:
             self.windows.advance(list(fb.rids or [None] * fb.batch_size), batch.req_slots.tolist(), batch.seq_ends.tolist())
         self._capture_routed_experts(out.decisions.routed_experts, batch, out.tail_rows)
@@ -248,6 +252,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         capacity = decode_capacity(host_max_seq_len(fb), int(req_to_token.shape[1]))
         batch = build_decode_batch(fb, req_to_token, self.store, self.history_width, self.decode_rows, capacity)
         out = self.runtime.forward(batch)
+        if self.dump is not None:
+            self.dump.write(fb, batch, out.logits)
         self._capture_routed_experts(out.decisions.routed_experts, batch, out.tail_rows)
         # a normal tensor (see forward): SGLang's sampler scales the logits in place
         return LogitsProcessorOutput(next_token_logits=out.logits.clone())
