@@ -151,7 +151,8 @@ def test_encoder_decode_after_hit_reads_the_ring(model, ref, tokens):
 def test_encoder_rings_hold_no_window_per_token(model):
     drv = driver(model, encoder_replay=True)
     cfg, pools = model.cfg, drv.pools
-    assert all(w.size(0) == pools.workspace_base + w.size(0) - pools.workspace_base for w in pools.window)
+    # before any forward a window pool is the rings alone: R*C rows, no workspace row, none per token slot
+    assert all(w.shape == (pools.workspace_base, cfg.window_kv_bytes_per_token) for w in pools.window)
     assert pools.workspace_base == 3 * cfg.attention.window_size  # 3 request slots x one window each
     assert all(w.size(0) < pools.num_slots for w in pools.window)
     hit = Sequence(0, list(range(3, 3 + 130)), 130)

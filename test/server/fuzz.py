@@ -5,12 +5,17 @@ Every case is built from its own seed (`case_seed(seed, i)`), so a failure repro
     python test/server/fuzz.py --url http://127.0.0.1:30000 --case-seed 123456   # one case, printed
     python test/server/fuzz.py --url http://127.0.0.1:30000 --seed 7 --count 500  # a run
 
-A case starts from a small valid request to `/generate`, `/v1/completions` or `/v1/chat/completions`
-(at most a few new tokens, so an accepted case is quick) and applies one to three mutations: wrong
-types, out-of-range numbers, token ids around the vocabulary, empty / huge / odd-encoding prompts,
-sampling and logprob parameters, batch shapes, unsupported features, or a broken raw body.
-`check_reply` accepts a 4xx whose body carries a message (and no server path or traceback) or a 200
-whose body is a well-formed answer (a stream may end in SGLang's in-stream error event).
+Each case is labelled by construction:
+  valid    a small valid request to `/generate`, `/v1/completions` or `/v1/chat/completions` (at most a few
+           new tokens, so it is quick) with zero to three variations that keep it inside the API's contract
+           (legal sampling and logprob parameters, token-id or batched prompts, several samples, system and
+           multi-turn chats, streaming). It must be served: a 200 whose answer has the endpoint's shape and
+           counts consistent with the request (`check_served`).
+  invalid  the same bases with one to three mutations from pools of wrong types, out-of-range numbers, token
+           ids around the vocabulary, empty / huge / odd-encoding prompts, batch shapes, unsupported features
+           or a broken raw body. Some pools hold edge values the API also allows, so such a case may be
+           refused (a 4xx whose body carries a message, and no server path or traceback) or served (a
+           well-formed 200; a stream may end in SGLang's in-stream error event).
 """
 
 from __future__ import annotations
@@ -39,12 +44,15 @@ class Case:
     headers: dict = field(default_factory=lambda: {"Content-Type": "application/json"})
     stream: bool = False
     what: list[str] = field(default_factory=list)
+    valid: bool = False
+    """True: built only from valid parts, so the server must serve it (200, well-formed, consistent)."""
 
     def describe(self, limit: int = 600) -> str:
         text = self.body.decode("utf-8", "replace")
         if len(text) > limit:
             text = text[:limit] + f"... ({len(self.body)} bytes)"
-        return f"case seed {self.seed}: POST {self.path} [{', '.join(self.what)}] {text}"
+        kind = "valid" if self.valid else "invalid"
+        return f"case seed {self.seed} ({kind}): POST {self.path} [{', '.join(self.what)}] {text}"
 
 
 def case_seed(seed: int, index: int) -> int:
@@ -76,18 +84,19 @@ def _text(r: random.Random) -> str:
 
 
 # ---------------------------------------------------------------------------- valid bases
-def _base(r: random.Random, path: str, model: str, vocab: int) -> dict:
+def _base(r: random.Random, path: str, model: str, vocab: int, text=_text) -> dict:
+    """A valid request (`text(r)` draws its text prompts)."""
     if path == "/generate":
         body = {"sampling_params": {"max_new_tokens": r.randint(1, MAX_NEW), "temperature": r.choice([0, 0.7, 1.0])}}
         if r.random() < 0.5:
-            body["text"] = _text(r)
+            body["text"] = text(r)
         else:
             body["input_ids"] = _token_ids(r, vocab)
         return body
     if path == "/v1/completions":
-        prompt = _text(r) if r.random() < 0.6 else _token_ids(r, vocab)
+        prompt = text(r) if r.random() < 0.6 else _token_ids(r, vocab)
         return {"model": model, "prompt": prompt, "max_tokens": r.randint(1, MAX_NEW), "temperature": r.choice([0, 1.0])}
-    return {"model": model, "messages": [{"role": "user", "content": _text(r)}], "max_tokens": r.randint(1, MAX_NEW),
+    return {"model": model, "messages": [{"role": "user", "content": text(r)}], "max_tokens": r.randint(1, MAX_NEW),
             "temperature": r.choice([0, 1.0])}
 
 
@@ -307,9 +316,107 @@ def _raw_body(r: random.Random, body: dict) -> tuple[bytes, dict, str]:
     return raw, headers, f"raw:{kind}"
 
 
+# ---------------------------------------------------------------------------- valid variations
+# Each takes (rng, body, path, vocab), edits a valid body into another valid one and returns a short label.
+# Values stay inside SGLang's documented ranges (sampling_params.verify, the OpenAI protocol models).
+GOOD_TEXTS = ("Hello", "The quick brown fox", "日本語のテキスト", "😀👍🏽", "a" * 40, "é" * 20, "1+1=")
+
+
+def _all_params(body: dict, path: str) -> list[dict]:
+    """Every sampling-parameter dict of a valid body (one per prompt when /generate has a list)."""
+    sp = body["sampling_params"] if path == "/generate" else body
+    return sp if isinstance(sp, list) else [sp]
+
+
+def v_sampling(r, body, path, vocab):
+    """One sampling parameter at a legal value (range ends included)."""
+    gen = path == "/generate"
+    choices = {
+        "temperature": [0, 0.5, 1.0, 2.0], "top_p": [0.1, 1.0], "top_k": [-1, 1, 5, vocab], "min_p": [0.0, 0.5, 1.0],
+        "frequency_penalty": [-2.0, 0.0, 2.0], "presence_penalty": [-2.0, 1.0, 2.0], "repetition_penalty": [0.5, 1.0, 2.0],
+        "min_new_tokens" if gen else "min_tokens": [0, 1], "stop": ["x", ["a", "zz"]], "stop_token_ids": [[5], [vocab - 1]],
+        "logit_bias": [{"5": 1.0}, {str(vocab - 1): -100}, {"7": 100}], "ignore_eos": [True, False],
+        "skip_special_tokens": [True, False], "sampling_seed" if gen else "seed": [0, 7, 2**31],
+    }
+    name = r.choice(sorted(choices))
+    value = r.choice(choices[name])
+    for params in _all_params(body, path):
+        params[name] = min(value, params[_max_field(path)]) if name in ("min_new_tokens", "min_tokens") else value
+    return f"{name}={value!r}"
+
+
+def v_samples(r, body, path, vocab):
+    """Several samples of one prompt."""
+    n = r.choice([1, 2, 3])
+    for params in _all_params(body, path):
+        params["n"] = n
+    return f"n={n}"
+
+
+def v_logprobs(r, body, path, vocab):
+    """Logprobs of the sampled tokens, with top alternatives in range."""
+    if path == "/generate":
+        body["return_logprob"] = True
+        body["top_logprobs_num"] = r.choice([0, 1, 5])
+        body["logprob_start_len"] = r.choice([-1, 0])
+    elif path == "/v1/completions":
+        body["logprobs"] = r.choice([0, 1, 5])
+    else:
+        body["logprobs"] = True
+        body["top_logprobs"] = r.choice([0, 3, 20])
+    return "logprobs"
+
+
+def v_prompt(r, body, path, vocab):
+    """Another prompt of the same endpoint: token ids or a batch of 1-3 prompts of one kind (with a
+    per-prompt parameter list on /generate), or a system / multi-turn / content-part chat."""
+    size = r.choice([1, 2, 3])
+    if path == "/generate":
+        body.pop("text", None)
+        body.pop("input_ids", None)
+        key = r.choice(["text", "input_ids"])
+        make = (lambda: r.choice(GOOD_TEXTS)) if key == "text" else (lambda: _token_ids(r, vocab))
+        body[key] = [make() for _ in range(size)]
+        if r.random() < 0.5:
+            sp = body["sampling_params"]
+            body["sampling_params"] = [{**sp, "max_new_tokens": r.randint(1, MAX_NEW)} for _ in range(size)]
+        return f"batch:{key}x{size}"
+    if path == "/v1/completions":
+        make = (lambda: r.choice(GOOD_TEXTS)) if r.random() < 0.5 else (lambda: _token_ids(r, vocab))
+        body["prompt"] = [make() for _ in range(size)] if r.random() < 0.7 else make()
+        return "prompt"
+    turns = [{"role": "user", "content": r.choice(GOOD_TEXTS)}]
+    if r.random() < 0.5:
+        turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": r.choice(GOOD_TEXTS)}] + turns
+    if r.random() < 0.5:
+        turns = [{"role": "system", "content": r.choice(GOOD_TEXTS)}] + turns
+    if r.random() < 0.3:
+        turns[-1]["content"] = [{"type": "text", "text": turns[-1]["content"]}]
+    body["messages"] = turns
+    return f"messages x{len(turns)}"
+
+
+def v_stream(r, body, path, vocab):
+    """Streaming (OpenAI: sometimes with the usage chunk)."""
+    body["stream"] = True
+    if path != "/generate" and r.random() < 0.5:
+        body["stream_options"] = {"include_usage": True}
+    return "stream"
+
+
+VARIATIONS = (v_sampling, v_sampling, v_samples, v_logprobs, v_prompt, v_stream)
+VALID_SHARE = 0.4
+"""Share of the cases built valid."""
+
+
 def make_case(seed: int, model: str, vocab: int) -> Case:
     r = random.Random(seed)
     path = r.choice(PATHS)
+    if r.random() < VALID_SHARE:
+        body = _base(r, path, model, vocab, text=lambda r: r.choice(GOOD_TEXTS))
+        what = [v(r, body, path, vocab) for v in r.sample(VARIATIONS, r.choice([0, 1, 2, 3]))]
+        return Case(seed, path, json.dumps(body, ensure_ascii=r.random() < 0.5).encode(),
+                    stream=body.get("stream") is True, what=what, valid=True)
     body = _base(r, path, model, vocab)
     what = [m(r, body, path, vocab) for m in r.sample(MUTATIONS, r.choice([1, 1, 2, 3]))]
     if r.random() < 0.2:
@@ -348,10 +455,111 @@ def _valid_answer(path: str, body) -> bool:
     return all(isinstance(c.get("message"), dict) for c in choices)
 
 
+def _expected(case: Case) -> tuple[int, list[int]]:
+    """A valid case's (number of answers, max new tokens of each answer): prompts x n, prompt-major."""
+    body = json.loads(case.body)
+    if case.path == "/generate":
+        prompts = body.get("text", body.get("input_ids"))
+        batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (str, list))
+        size = len(prompts) if batch else 1
+        sp = body["sampling_params"]
+        sps = sp if isinstance(sp, list) else [sp] * size
+        n = sps[0].get("n", 1)
+        return size * n, [s["max_new_tokens"] for s in sps for _ in range(n)]
+    n = body.get("n", 1)
+    prompt = body.get("prompt")
+    size = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    return size * n, [body["max_tokens"]] * (size * n)
+
+
+FINISH = ("stop", "length")
+
+
+def _usage_problem(usage, limits: list[int]) -> str | None:
+    if not isinstance(usage, dict):
+        return f"usage is {usage!r}"
+    p, c, t = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
+    if not (isinstance(p, int) and p >= 1 and isinstance(c, int) and 0 <= c <= sum(limits) and t == p + c):
+        return f"usage counts inconsistent with max_tokens {limits}: {usage}"
+    return None
+
+
+def check_served(case: Case, status: int, text: str) -> str | None:
+    """A valid case: None when the reply is a 200 whose answer has the endpoint's shape and counts that
+    agree with the request (answers = prompts x n; finish_reason stop or length; generated tokens within
+    max_tokens, equal to it on 'length'; logprobs per generated token when asked); else what is wrong."""
+    if status != 200:
+        return f"a valid request was not served: {status} {text[:300]}"
+    count, limits = _expected(case)
+    body = json.loads(case.body)
+    if case.stream:
+        events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        if not events or events[-1] != "[DONE]":
+            return f"stream did not end with [DONE]: {text[-300:]}"
+        try:
+            chunks = [json.loads(e) for e in events[:-1]]
+        except ValueError:
+            return f"stream event is not JSON: {text[:300]}"
+        if any(not isinstance(c, dict) or "error" in c for c in chunks):
+            return f"stream of a valid request carries an error or a non-object: {text[:300]}"
+        if case.path == "/generate":
+            ends = {}
+            for c in chunks:
+                fr = c.get("meta_info", {}).get("finish_reason")
+                if fr:
+                    ends[c.get("index", 0)] = fr.get("type")
+        else:
+            ends = {ch.get("index"): ch.get("finish_reason") for c in chunks for ch in c.get("choices", [])
+                    if ch.get("finish_reason")}
+            if (body.get("stream_options") or {}).get("include_usage"):
+                problem = _usage_problem(chunks[-1].get("usage") if chunks else None, limits)
+                if problem:
+                    return f"stream usage: {problem}"
+        if len(ends) != count or any(v not in FINISH for v in ends.values()):
+            return f"stream ended {len(ends)} answers of {count} ({ends}): {text[-300:]}"
+        return None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return f"200 with a body that is not JSON: {text[:300]}"
+    if case.path == "/generate":
+        items = answer if isinstance(answer, list) else [answer]
+        if len(items) != count:
+            return f"{len(items)} answers for {count} prompts x samples: {text[:300]}"
+        for item, limit in zip(items, limits):
+            meta = item.get("meta_info", {}) if isinstance(item, dict) else {}
+            fr, done = (meta.get("finish_reason") or {}).get("type"), meta.get("completion_tokens")
+            if not isinstance(item.get("text"), str) or fr not in FINISH or not isinstance(done, int):
+                return f"malformed answer: {str(item)[:300]}"
+            if not (0 <= done <= limit) or (fr == "length" and done != limit) or meta.get("prompt_tokens", 0) < 1:
+                return f"token counts inconsistent with max_new_tokens {limit}: {meta}"
+            if body.get("return_logprob") and len(meta.get("output_token_logprobs") or []) != done:
+                return f"{len(meta.get('output_token_logprobs') or [])} logprobs for {done} tokens: {meta}"
+        return None
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or sorted(c.get("index") for c in choices) != list(range(count)):
+        return f"choices are not indices 0..{count - 1}: {text[:300]}"
+    for c in choices:
+        if c.get("finish_reason") not in FINISH:
+            return f"finish_reason {c.get('finish_reason')!r}: {text[:300]}"
+        if case.path == "/v1/completions" and not isinstance(c.get("text"), str):
+            return f"choice without text: {c}"
+        if case.path == "/v1/chat/completions":
+            msg = c.get("message")
+            if not isinstance(msg, dict) or msg.get("role") != "assistant" or not isinstance(msg.get("content"), (str, type(None))):
+                return f"malformed message: {c}"
+        if body.get("logprobs") and not c.get("logprobs"):
+            return f"logprobs asked for and missing: {c}"
+    return _usage_problem(answer.get("usage"), limits)
+
+
 def check_reply(case: Case, status: int, text: str) -> str | None:
-    """None when the reply is a 4xx with a clean message or a well-formed 200; else what is wrong."""
+    """None when the reply is a 4xx with a clean message or a well-formed 200 (a valid case: only a
+    served one, `check_served`); else what is wrong."""
     if any(t in text for t in SERVER_TRACES):
         return f"{status} reply exposes server internals: {text[:300]}"
+    if case.valid:
+        return check_served(case, status, text)
     if 400 <= status < 500:
         try:
             message = _message(json.loads(text))

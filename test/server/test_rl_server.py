@@ -138,3 +138,32 @@ def test_weight_sync_of_trained_weights_serves_the_trainers_logprobs(server, cli
     for m in res.values():
         assert m.tokens >= 2 and m.kl_max == 0.0 and m.dlogp_max == 0.0, m
         assert m.routing_agreement == 1.0
+
+
+def test_batch_response_logprobs_equal_the_servers(server, client, tiny_dir):
+    """The RL step's batched trainer forward (`train.policy.batch_response_logprobs`: all rollouts
+    right-padded into one forward of the trainable model) on rollouts sampled by the server (greedy and
+    at temperature 1, several prompt lengths, one request at a time): every response token's logprob
+    equals the server's bit for bit, with the trainer's own routing and with the server's experts
+    forced (R3), and the trainer's routing equals the server's."""
+    from sglang_dsv41.train.mismatch import same_expert_sets
+    from sglang_dsv41.train.policy import batch_response_logprobs
+    from sglang_dsv41.train.trainable import load_trainable
+
+    client.update_weights_from_disk(str(tiny_dir), weight_version="base-batch")  # undo the sync above
+    model = load_trainable(tiny_dir)
+    cfg = model.cfg
+    rollouts = []
+    for i, (length, temperature) in enumerate([(3, 0.0), (11, 0.0), (6, 1.0), (9, 1.0)]):
+        prompt = random_prompts(1, length, cfg.vocab_size, seed=40 + i)[0]
+        rollouts += client.sample([prompt], 1, 3 + i, temperature=temperature, routed_experts=True,
+                                  layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)[0]
+    assert {r.weight_version for r in rollouts} == {"base-batch"}
+    with torch.no_grad():
+        own = batch_response_logprobs(model, rollouts)
+        forced = batch_response_logprobs(model, rollouts, r3=True)
+    for ro, lp, lp_r3, routed in zip(rollouts, own.logprobs, forced.logprobs, own.routed):
+        server_lp = torch.tensor(ro.logprobs, dtype=torch.float32)
+        assert torch.equal(lp, server_lp), (ro.prompt, ro.response, lp - server_lp)
+        assert torch.equal(lp_r3, server_lp)
+        assert bool(same_expert_sets(routed, ro.routed_experts).all())

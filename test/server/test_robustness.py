@@ -1,7 +1,8 @@
 """No request may kill the server (issue 9): one real SGLang server on the tiny checkpoint receives the
 request classes that used to crash its scheduler, the inconsistencies around them, and a seeded fuzz of
-the HTTP surface (test/server/fuzz.py). Oracle: the reply contract (`fuzz.check_reply`: a 4xx whose
-body carries a message, or a well-formed 200) plus liveness after every request: `/health` answers, the
+the HTTP surface (test/server/fuzz.py). Oracle: the reply contract (`fuzz.check_reply`: a valid case
+must be served, a 200 whose answer is well-formed and agrees with the request; any other case gets a
+4xx whose body carries a message, or a well-formed 200) plus liveness after every request: `/health` answers, the
 launcher is alive and its log has no scheduler exception (a dying scheduler logs one before it signals
 the launcher); the scheduler itself answers a load query after each structured case and after the fuzz,
 and, idle after the fuzz, SGLang's strict memory check finds every token slot back in the allocator.
@@ -280,6 +281,7 @@ def test_fuzz_http_surface(server, model):
     lock = threading.Lock()
     in_flight: set[int] = set()
     statuses: dict[int, int] = {}
+    served_valid = []
 
     def one(i: int) -> str | None:
         if time.monotonic() - t0 > FUZZ_BUDGET_S:
@@ -295,6 +297,8 @@ def test_fuzz_http_surface(server, model):
         problem = problem or alive(server, round_trip=False)
         with lock:
             statuses[status] = statuses.get(status, 0) + 1
+            if case.valid and not problem:
+                served_valid.append(case.seed)
             others = sorted(in_flight - {case.seed})
             in_flight.discard(case.seed)
         if problem:
@@ -305,9 +309,10 @@ def test_fuzz_http_surface(server, model):
         problems = [p for p in pool.map(one, range(FUZZ_CASES)) if p]
     ran = sum(statuses.values())
     print(f"fuzz seed {FUZZ_SEED}: {ran}/{FUZZ_CASES} cases in {time.monotonic() - t0:.0f}s "
-          f"({FUZZ_CONCURRENCY} in flight, up to {MAX_NEW} new tokens each): {statuses}")
+          f"({FUZZ_CONCURRENCY} in flight, up to {MAX_NEW} new tokens each): {statuses}; "
+          f"{len(served_valid)} valid cases served")
     assert not problems, "\n".join(problems[:5])
-    assert ran >= min(FUZZ_CASES, FUZZ_CONCURRENCY)
+    assert ran >= min(FUZZ_CASES, FUZZ_CONCURRENCY) and served_valid
     # Idle with the radix cache flushed, SGLang's strict check proves no case leaked a token slot.
     deadline = time.monotonic() + 120
     while "Cache flushed." not in requests.post(server.url + "/flush_cache", timeout=60).text:

@@ -93,7 +93,7 @@ class BF16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if deterministic():  # batch-invariant: fixed 64-row GEMMs (sglang_dsv41/determinism.py)
-            return row_tiled(lambda t: F.linear(t, self.weight), x.reshape(-1, x.size(-1))).reshape(*x.shape[:-1], -1)
+            return row_tiled(lambda t: F.linear(t, self.weight), x.reshape(-1, x.size(-1))).reshape(*x.shape[:-1], self.weight.size(0))
         return F.linear(x, self.weight)
 
     def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
