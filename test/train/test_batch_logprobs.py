@@ -1,9 +1,9 @@
 """CPU: the RL step's batched response log-probabilities (`train.policy.batch_response_logprobs`, one
-right-padded forward over a BatchDenseKV) against the per-rollout oracle `train.logprobs.response_logprobs`
+right-padded forward over a batched DenseKV) against the per-rollout oracle `train.logprobs.response_logprobs`
 (one DenseKV forward of `prompt + response[:-1]`, which test_rl_server checks against the server).
 
 Both run the same layer code on the same rows; padding never reaches a real row (causal attention,
-batch_kv.py), so the log-probabilities, the trainer's routing and, under R3, the forced log-probabilities
+reference/dense_kv.py), so the log-probabilities, the trainer's routing and, under R3, the forced log-probabilities
 must be equal BIT FOR BIT, for the serving model and for the QAT trainable one. Deterministic mode
 (SGLANG_DSV41_DETERMINISTIC=1, as docs/rl.md prescribes for the trainer) keeps the bf16 GEMMs' bits
 independent of the batch's row count. The tempered values are log_softmax(logits / T); the oracle only
