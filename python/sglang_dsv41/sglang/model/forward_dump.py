@@ -20,7 +20,12 @@ DUMP_ENV = "SGLANG_DSV41_DUMP_FORWARDS"
 class ForwardDump:
     def __init__(self, directory: str):
         self.directory, self.count = directory, itertools.count(1)
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:  # a startup error naming the variable, not a traceback from inside the model
+            raise ValueError(f"{DUMP_ENV}={directory!r}: cannot create the dump folder ({e})") from None
+        if not os.access(directory, os.W_OK):
+            raise ValueError(f"{DUMP_ENV}={directory!r}: the dump folder is not writable")
 
     @staticmethod
     def from_env() -> "ForwardDump | None":
