@@ -1,7 +1,7 @@
 """DeepSeek's own forward as an oracle: run it in a subprocess and capture its logits and decisions.
 
 The official V4.1 reference (`../shared/official` relative to the repo root; override with the
-environment variable DSV41_OFFICIAL_DIR) is imported, never copied. It keeps module globals (world
+environment variable SGLANG_DSV41_OFFICIAL_DIR) is imported, never copied. It keeps module globals (world
 size, default dtype, the shared attention state), so every official model lives in its own process:
 
     python official_capture.py forward CKPT IDS_JSON OUT_PT --threads N
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-OFFICIAL_DIR = Path(os.environ.get("DSV41_OFFICIAL_DIR", REPO.parent / "shared" / "official"))
+OFFICIAL_DIR = Path(os.environ.get("SGLANG_DSV41_OFFICIAL_DIR", REPO.parent / "shared" / "official"))
 EXACT_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 
 
@@ -43,7 +43,7 @@ def official_available() -> bool:
 
 def skip_reason() -> str:
     return (f"DeepSeek's reference forward not found: {OFFICIAL_DIR} (../shared/official relative to the repo "
-            f"root, or DSV41_OFFICIAL_DIR) is absent")
+            f"root, or SGLANG_DSV41_OFFICIAL_DIR) is absent")
 
 
 class Worker:
