@@ -26,7 +26,6 @@ import platform
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel"), str(ROOT / "test" / "server")]
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")  # the CPU kernels the server uses
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")  # the same MKL code path in both processes (docs/rl.md)
 os.environ["SGLANG_DSV41_DETERMINISTIC"] = "1"
 
+from launch import start_server, stop_server  # noqa: E402  (test/server/launch.py: one real SGLang server)
 import requests  # noqa: E402
 import torch  # noqa: E402
 
@@ -59,41 +59,6 @@ class Response:
     rid: str = ""
     split: bool = False
     diffs: list[float] = field(default_factory=list)
-
-
-def start_server(model: str, log: Path, extra: list[str], timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-           *SERVER_FLAGS, *extra]
-    env = {**os.environ, **SERVER_ENV,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    stop_server(proc)
-    raise SystemExit(f"server not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def generate(url: str, prompt: list[int], max_new: int, rid: str, out: dict) -> None:
@@ -196,12 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     log = Path(a.log) if a.log else tmp / "server.log"
     t_start = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the server
-    proc, url = start_server(model_dir, log, a.server_args)
+    env = {**SERVER_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    server = start_server(model_dir, log, *SERVER_FLAGS, *a.server_args, env=env)
     model = load_model(model_dir, progress=False)
     try:
-        responses = run_pairs(url, model, log, a)
+        responses = run_pairs(server.url, model, log, a)
     finally:
-        stop_server(proc)
+        stop_server(server.proc)
     wall = time.monotonic() - t_start
     bad = [r for r in responses if any(d != 0 for d in r.diffs)]
     for r in bad:
