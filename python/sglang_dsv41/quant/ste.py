@@ -34,23 +34,10 @@ def _masked(gy: torch.Tensor, keep: torch.Tensor | None, dtype: torch.dtype) -> 
     return torch.where(keep, gy, torch.zeros((), dtype=gy.dtype, device=gy.device)).to(dtype)
 
 
-class _FakeQuant(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, qdq_keep: Callable):
-        y, keep = qdq_keep(x)
-        ctx.save_for_backward(keep)
-        ctx.in_dtype = x.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, gy: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return _masked(gy, keep, ctx.in_dtype), None
-
-
 def fake_quant(x: torch.Tensor, qdq_keep: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """qdq(x) exactly, gradient 1 where kept (qdq_keep returns (value, keep bool like x))."""
-    return _FakeQuant.apply(x, qdq_keep)
+    value, keep = qdq_keep(x.detach())
+    return ste(x, value, keep)
 
 
 class _Precomputed(torch.autograd.Function):
