@@ -9,9 +9,10 @@ independent oracles (float64, hand-worked cases, DeepSeek's own code: test/kerne
   rms_norm         x * rsqrt(mean_square(x) + eps) in fp32, times the fp32 weight, one cast back
   apply_rope       interleaved pairs (x[2i], x[2i+1]) of the last 2*cos.size(-1) dims rotate in fp32:
                    y0 = x0*c - x1*s, y1 = x0*s + x1*c (each product and sum rounded), one cast back
-  attend_gathered  sparse MQA over per-row key lists: online softmax over blocks of ATTN_BLOCK keys in
-                   list order, running max from RUN_MAX_START, bf16 probabilities into P.V, fp32
-                   denominator, sink in the denominator only (unscaled); no valid key -> zeros
+  attend_gathered  sparse MQA over per-row key lists: online softmax over full tiles of ATTN_BLOCK keys
+                   in list order (a short last tile is padded with invalid keys), running max from
+                   RUN_MAX_START, bf16 probabilities into P.V, fp32 denominator, sink in the
+                   denominator only (unscaled); no valid key -> zeros
   gate_streams     the Engram gate of every mHC stream (statistic passed in)
   hash_rows        Engram n-gram row ids (int64, exact)
   mhc_gates        an mHC site's (pre, post, comb) after its GEMM: statistic, affine, sigmoids, Sinkhorn
@@ -68,9 +69,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
 def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-row key lists. q bf16 [t, h, d]; keys [t, K, d] (bf16 values; K = V); valid bool [t, K];
     sink fp32 [h] -> bf16 [t, h, d] = sum_k p_k key_k / (sum_k p_k + exp(sink - max)), keys visited
-    ATTN_BLOCK at a time in list order. Invalid keys are zeroed before any product (a NaN row never
-    reaches the sums)."""
+    ATTN_BLOCK at a time in list order, the last tile padded with invalid keys. Invalid keys are
+    zeroed before any product (a NaN row never reaches the sums)."""
     t, h, d = q.shape
+    # Full tiles: every block reduction (sum of p, P.V) runs over exactly ATTN_BLOCK keys, invalid ones
+    # exact zeros, so a row's bits do not depend on how many -1 entries pad its list (the dense KV's
+    # min(topk, T) width, a paged prefill's widest row, a fixed-shape decode's capacity). torch's CPU
+    # sum over a shorter dimension associates the same terms differently (docs/numerics.md).
+    pad = -keys.size(1) % ATTN_BLOCK
+    if pad:
+        keys = F.pad(keys, (0, 0, 0, pad))
+        valid = F.pad(valid, (0, pad), value=False)
     qf = q.float()
     sc = torch.tensor(scale, dtype=torch.float32, device=q.device)
     acc = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
