@@ -3,11 +3,14 @@ same-prompt requests sent a random 0-0.2 s apart (so SGLang prefills them togeth
 while the first decodes, usually with a radix-cache hit on the first's prompt), varying prompt and
 response lengths, and now and then a third request on the same prompt that is aborted mid-decode.
 Every returned logprob (sampled at temperature 1, logprobs of the raw distribution) is compared
-with the trainer's (`train.logprobs.response_logprobs`, the one forward over a dense KV): the
-expected mismatch is exactly 0 on every token.
+with the trainer's (`train.logprobs.response_logprobs`, the one forward over a dense KV), scored
+after the server has stopped: the expected mismatch is exactly 0 on every token.
 
-    python benchmark/split_schedule_mismatch.py --pairs 260 [--model DIR] [--seed 0]
+    python benchmark/split_schedule_mismatch.py --pairs 260 [--model DIR] [--seed 0] [--budget-s S]
         [--results benchmark/results/DATE-cpu-split-schedule-mismatch.md] [-- EXTRA SERVER ARGS]
+
+Exit status 1 when any logprob differs (test/server/test_split_schedule_stress.py runs a
+budget-limited form in the suite).
 
 Server: `python -m sglang.launch_server` with `--enable-return-routed-experts
 --no-enable-decoder-swa-bounded-replay` (the RL test server's flags), SGLANG_RETURN_ORIGINAL_LOGPROB=1
@@ -102,14 +105,12 @@ def collect(out: dict, i: int, prompt: list[int], aborted_peer: bool) -> list[Re
     return got
 
 
-def run_pairs(url: str, model, log: Path, a) -> list[Response]:
-    """Send the pairs (stopping early once `a.budget_s` seconds have passed) and score every response
-    against the trainer as soon as its pair is back."""
-    from sglang_dsv41.train.logprobs import response_logprobs
+def run_pairs(url: str, vocab: int, log: Path, a) -> list[Response]:
+    """Send the pairs (stopping early once `a.budget_s` seconds have passed); scoring waits until the
+    server is stopped (`score`), so the trainer's forward does not compete with it for the cores."""
     from sglang_dsv41.train.mismatch import random_prompts
 
     rng = random.Random(a.seed)
-    vocab = model.cfg.vocab_size
     responses: list[Response] = []
     t0 = time.monotonic()
     for i in range(a.pairs):
@@ -125,19 +126,25 @@ def run_pairs(url: str, model, log: Path, a) -> list[Response]:
         seg = log.read_text(errors="replace")[before:]
         split = any("Prefill batch" in ln and "#running-req: 0," not in ln for ln in seg.splitlines())
         got = collect(out, i, prompt, abort_after is not None)
-        with torch.no_grad():
-            for r in got:
-                r.split = split
-                lp = response_logprobs(model, r.prompt, r.response)[0]
-                r.diffs = (lp.double() - torch.tensor(r.logprobs, dtype=torch.float64)).tolist()
+        for r in got:
+            r.split = split
         responses.extend(got)
-        nbad = sum(any(d != 0 for d in r.diffs) for r in responses)
-        print(f"pair {i}: prompt {plen}, new {news}, delay {delay:.3f} s, abort {abort_after is not None}, "
-              f"split {split}; {len(responses)} responses so far, {nbad} with a differing logprob", flush=True)
+        print(f"pair {i}: prompt {plen}, new {news}, delay {delay:.3f} s, abort {abort_after is not None}, split {split}", flush=True)
     return responses
 
 
-def main(argv: list[str] | None = None) -> None:
+def score(model, responses: list[Response]) -> None:
+    """Each response's logprobs minus the trainer's (`response_logprobs`, the one dense forward)."""
+    from sglang_dsv41.train.logprobs import response_logprobs
+
+    with torch.no_grad():
+        for r in responses:
+            lp = response_logprobs(model, r.prompt, r.response)[0]
+            r.diffs = (lp.double() - torch.tensor(r.logprobs, dtype=torch.float64)).tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """-> exit status: 1 when any response has a differing logprob."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="checkpoint directory (default: a fresh tiny checkpoint, seed 0)")
     p.add_argument("--pairs", type=int, default=260)
@@ -166,9 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     server = start_server(model_dir, log, *SERVER_FLAGS, *a.server_args, env=env)
     model = load_model(model_dir, progress=False)
     try:
-        responses = run_pairs(server.url, model, log, a)
+        responses = run_pairs(server.url, model.cfg.vocab_size, log, a)
     finally:
         stop_server(server.proc)
+    score(model, responses)
     wall = time.monotonic() - t_start
     bad = [r for r in responses if any(d != 0 for d in r.diffs)]
     for r in bad:
@@ -185,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(table))
     if a.results:
         write_results(Path(a.results), table, a, len(responses) // 2, wall, argv)
+    return 1 if bad else 0
 
 
 def write_results(path: Path, table: list[str], a, pairs: int, wall: float, argv) -> None:
@@ -205,4 +214,4 @@ def write_results(path: Path, table: list[str], a, pairs: int, wall: float, argv
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
