@@ -139,3 +139,14 @@ def plain_mean_square(x: torch.Tensor) -> torch.Tensor:
     mean square of the FAST numerics policy (sglang_dsv41/numerics.py)."""
     xf = x.float()
     return (xf * xf).mean(-1, keepdim=True)
+
+
+def plain_row_sums(m: torch.Tensor) -> torch.Tensor:
+    """m [..., n, n] -> [..., n, 1] in torch's own order: Sinkhorn's row sums under FAST (one kernel
+    instead of `shared_math.row_sums`' n - 1 sliced adds, which autograd turns into n zero-fills)."""
+    return m.sum(-1, keepdim=True)
+
+
+def plain_col_sums(m: torch.Tensor) -> torch.Tensor:
+    """m [..., n, n] -> [..., 1, n] in torch's own order (Sinkhorn's column sums under FAST)."""
+    return m.sum(-2, keepdim=True)

@@ -166,17 +166,18 @@ def col_sums(m: torch.Tensor) -> torch.Tensor:
     return s
 
 
-def sinkhorn(c: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+def sinkhorn(c: torch.Tensor, iters: int, eps: float, rows=row_sums, cols=col_sums) -> torch.Tensor:
     """c [..., n, n] fp32 logits -> approximately doubly-stochastic matrix (reference op order:
     exp(c - rowmax) / rowsum + eps, then column, then (iters-1) x (row, column) normalisations; iters < 1
     runs the first round only). Row and column sums are `row_sums` / `col_sums`: for n <= 4 bitwise torch
-    CPU's `.sum(-1)` / `.sum(-2)` of the reference (entries are >= 0, so its zero start changes nothing)."""
+    CPU's `.sum(-1)` / `.sum(-2)` of the reference (entries are >= 0, so its zero start changes nothing).
+    `rows` / `cols`: those sums, or the plain ones (`reduction.plain_row_sums` / `plain_col_sums`)."""
     m = torch.exp(c - c.amax(dim=-1, keepdim=True))
-    m = m / row_sums(m) + eps
-    m = m / (col_sums(m) + eps)
+    m = m / rows(m) + eps
+    m = m / (cols(m) + eps)
     for _ in range(iters - 1):
-        m = m / (row_sums(m) + eps)
-        m = m / (col_sums(m) + eps)
+        m = m / (rows(m) + eps)
+        m = m / (cols(m) + eps)
     return m
 
 
@@ -189,19 +190,21 @@ def hc_mult_of(mix_dim: int) -> int:
 
 
 def mhc_gates(x: torch.Tensor, mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
-              hc_eps: float, norm_eps: float, mean_sq=mean_square) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              hc_eps: float, norm_eps: float, mean_sq=mean_square, rows=row_sums,
+              cols=col_sums) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One site's gates after its GEMM. x [T, n*H] bf16|fp32 (the flattened input streams), mix
     [T, (2+n)n] fp32 = x . fn^T (raw, before the rsqrt), base [(2+n)n] fp32, scale [3] fp32, n from
     base -> (pre [T,n], post [T,n], comb [T,n,n]) fp32, every step one IEEE operation:
       z = (mix * rsqrt(mean_square(x) + norm_eps)) * scale[part] + base   (part 0: pre, 1: post, 2: comb)
       pre = sigmoid(z[:n]) + hc_eps, post = 2 * sigmoid(z[n:2n]), comb = sinkhorn(z[2n:] as [n, n]).
-    `mean_sq`: the fixed-order statistic, or the plain one (`reduction.plain_mean_square`)."""
+    `mean_sq`, `rows`, `cols`: the fixed-order statistic and Sinkhorn sums, or the plain ones (FAST:
+    `reduction.plain_mean_square`, `plain_row_sums`, `plain_col_sums`)."""
     n = hc_mult_of(base.numel())
     mix = mix * torch.rsqrt(mean_sq(x) + norm_eps)
     pre = torch.sigmoid(mix[:, :n] * scale[0] + base[:n]) + hc_eps
     post = 2 * torch.sigmoid(mix[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     c = (mix[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))
-    return pre, post, sinkhorn(c, iters, hc_eps)
+    return pre, post, sinkhorn(c, iters, hc_eps, rows, cols)
 
 
 def mhc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

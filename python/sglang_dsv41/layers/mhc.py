@@ -25,7 +25,7 @@ from sglang_dsv41.shared_math import col_sums, hc_mult_of, row_sums, sinkhorn  #
 from sglang_dsv41.shared_math import mhc_collapse as collapse
 from sglang_dsv41.shared_math import mhc_expand as expand
 from sglang_dsv41.shared_math import mhc_gates as gates
-from sglang_dsv41.reduction import plain_mean_square
+from sglang_dsv41.reduction import plain_col_sums, plain_mean_square, plain_row_sums
 
 __all__ = ["col_sums", "collapse", "expand", "gates", "gates_plain", "hc_mult_of", "identity_pre", "row_sums", "sinkhorn"]
 
@@ -38,5 +38,5 @@ def identity_pre(num_tokens: int, hc_mult: int, device: torch.device | str | Non
 
 
 def gates_plain(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: float):
-    """`gates` with the plain mean square (the FAST form of the `mhc_gates` slot)."""
-    return gates(x, mix, base, scale, iters, hc_eps, norm_eps, plain_mean_square)
+    """`gates` with the plain mean square and Sinkhorn sums (the FAST form of the `mhc_gates` slot)."""
+    return gates(x, mix, base, scale, iters, hc_eps, norm_eps, plain_mean_square, plain_row_sums, plain_col_sums)
