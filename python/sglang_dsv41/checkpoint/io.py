@@ -19,10 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from sglang_dsv41.checkpoint.errors import CheckpointError
 from sglang_dsv41.checkpoint.schema import TensorSpec, checkpoint_schema, is_ignored
+from sglang_dsv41.checkpoint.shards import INDEX_FILE, shard_files
 from sglang_dsv41.config import ModelConfig
-
-INDEX_FILE = "model.safetensors.index.json"
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "BF16": torch.bfloat16,
@@ -37,21 +37,6 @@ _TORCH_TO_ST = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 _EQUIVALENT = {("I8", "U8")}
 
 
-class CheckpointError(ValueError):
-    """The checkpoint does not match the config: names the tensor, the expectation and the finding."""
-
-
-def _shard_files(path: Path) -> list[Path]:
-    index = path / INDEX_FILE
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no *.safetensors files in {path}")
-    return files
-
-
 def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.device = "cpu", progress: bool = True,
                  select: Callable[[str], tuple[str, tuple[slice, ...] | None] | None] | None = None) -> dict[str, torch.Tensor]:
     """Load and validate every tensor of the checkpoint directory. Returns {name: tensor}.
@@ -64,7 +49,7 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
     seen: dict[str, None] = {}
-    files = _shard_files(path)
+    files = [path.resolve() / f for f in shard_files(path.resolve())[0]]
     bar = tqdm(total=len(schema), desc="loading DeepSeek-V4.1 checkpoint", unit="tensor", disable=not progress)
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -86,46 +71,51 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig, device: str | torch.
     return out
 
 
-def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str, complete: bool = True) -> dict[str, torch.Tensor]:
+def check_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str, complete: bool = True,
+                  finite: bool = True) -> dict[str, torch.Tensor]:
     """Validate already-read tensors (e.g. from an engine's weight iterator) against the schema,
     like `read_tensors`: skips ignored names, raises `CheckpointError` naming the tensor. Packed FP4
-    experts stored as U8 are viewed as int8. `complete=False` accepts any subset (a weight update)."""
+    experts stored as U8 are viewed as int8. `complete=False` accepts any subset (a weight update);
+    `finite` also refuses a NaN or Inf value (`check_finite`)."""
     schema = checkpoint_schema(cfg)
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{where}: entries must be (name, tensor), found ({type(name).__name__}, "
+                                  f"{type(t).__name__})")
         spec = _spec_of(schema, name, where)
         if spec is None:
             continue
         _check(spec, _TORCH_TO_ST.get(t.dtype, str(t.dtype)), tuple(t.shape), where)
         out[name] = _as_stored(t, spec)
+        if finite:
+            check_finite(name, out[name], where)
     if complete:
         _check_complete(schema, out, f" in {where}")
     return out
 
 
-def check_headers(path: str | os.PathLike, cfg: ModelConfig, complete: bool = True) -> list[str]:
-    """Validate the safetensors headers of a checkpoint directory (names, dtypes, shapes; no tensor
-    data is read) -> the names of the model tensors found. `complete=False` accepts any non-empty subset
-    (a partial checkpoint for a weight update). Raises `CheckpointError` naming the tensor."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path} is not a checkpoint directory")
-    schema = checkpoint_schema(cfg)
-    found: dict[str, None] = {}
-    for file in _shard_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                spec = _spec_of(schema, name, file.name)
-                if spec is None:
-                    continue
-                sl = f.get_slice(name)
-                _check(spec, sl.get_dtype(), tuple(sl.get_shape()), file.name)
-                found[name] = None
-    if complete:
-        _check_complete(schema, found, f" in {path}")  # type: ignore[arg-type]
-    elif not found:
-        raise CheckpointError(f"no tensor of this model in {path}")
-    return list(found)
+_FINITE_CHUNK = 1 << 24
+
+
+def check_finite(name: str, t: torch.Tensor, where: str) -> None:
+    """Raise `CheckpointError` if a float tensor holds a NaN or Inf. FP8 E4M3 has no Inf and NaN is
+    S.1111.111 (low 7 bits all set); E8M0 NaN is 0xFF; integer tensors (packed FP4) have no NaN.
+    Scans in chunks of 2^24 elements, so the temporary mask stays small."""
+    if t.dtype == torch.float8_e4m3fn:
+        bad = lambda c: (c.view(torch.uint8) & 0x7F) == 0x7F  # noqa: E731
+    elif t.dtype == torch.float8_e8m0fnu:
+        bad = lambda c: c.view(torch.uint8) == 0xFF  # noqa: E731
+    elif t.is_floating_point():
+        bad = lambda c: ~torch.isfinite(c)  # noqa: E731
+    else:
+        return
+    flat = t.reshape(-1)
+    for at in range(0, flat.numel(), _FINITE_CHUNK):
+        mask = bad(flat[at:at + _FINITE_CHUNK])
+        if bool(mask.any()):
+            i = at + int(mask.nonzero()[0, 0])
+            raise CheckpointError(f"tensor '{name}' in {where}: holds NaN or Inf (first at flat index {i})")
 
 
 def _spec_of(schema: dict[str, TensorSpec], name: str, where: str) -> TensorSpec | None:

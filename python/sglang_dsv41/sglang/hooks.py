@@ -86,10 +86,18 @@ EVERY_PROCESS = (
          "(model/request_windows.py); SGLang's separate replay forward is skipped for it (it reads the DeepSeek "
          "pool's request_window, which the generic pool our model uses does not have)."),
     Hook("model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk", AROUND,
-         weight_update.check_weight_update,
-         "`/update_weights_from_disk` into our model is checked from the safetensors headers first "
-         "(DeepseekV41ForCausalLM.weight_update_error) and refused with a 400; SGLang's rollback after a failed "
-         "load re-reads the same path, which failed again and ended the scheduler."),
+         weight_update.update_from_disk,
+         "`/update_weights_from_disk` into our model: the directory is read by our confined, bounds-checked reader "
+         "and validated whole (schema, finite data) into host memory, then copied in; a failure is a 400 naming "
+         "the file and the old weights keep serving. SGLang's loader raised on a malformed shard or index and "
+         "its rollback re-read the same files, which ended the scheduler."),
+    Hook("managers.tp_worker.TpModelWorker.deserialize_own_rank", AROUND, weight_update.decode_payload,
+         "for our model a `/update_weights_from_tensor` payload is safetensors bytes, decoded by our reader; "
+         "SGLang unpickles it (its allowlist still lets a pickle call functions)."),
+    Hook("managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.update_weights_from_tensor",
+         AROUND, weight_update.refuse_bad_tensor_update,
+         "for our model a payload or tensor our checks refuse, or a load_format, is a failed update (400); the "
+         "exception ended the scheduler."),
     Hook("mem_cache.pool_host.common.ALLOC_MEMORY_FUNCS", SETUP, cpu_host_alloc.add_cpu_allocator,
          "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with cudaHostRegister "
@@ -171,6 +179,10 @@ FRONT_END = (
          "refusals become 400s instead of 500s."),
     Hook(_CONTROL + "init_weights_update_group", AROUND, admin_endpoints.checked_weight_group,
          "a weight-update group that cannot form is a 400 (the scheduler blocked in its rendezvous)."),
+    Hook("managers.tokenizer_manager.TokenizerManager._update_model_path_info", AROUND,
+         weight_update.keep_served_name,
+         "after a disk weight update SGLang served the model under the update directory's path (clients "
+         "naming the model got 400); for our model the served name and path stay."),
     Hook("managers.tokenizer_manager.TokenizerManager.configure_logging", AROUND, admin_endpoints.checked_logging,
          "`/configure_logging` fields checked before SGLang stores them (a bad log level made every later "
          "request fail)."),

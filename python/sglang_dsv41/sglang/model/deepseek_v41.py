@@ -20,7 +20,8 @@ from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, 
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
 from dsv41_kernels.op_table import OpTable
-from sglang_dsv41.checkpoint.io import CheckpointError, check_headers, check_tensors
+from sglang_dsv41.checkpoint.io import CheckpointError, check_finite, check_tensors
+from sglang_dsv41.checkpoint.update import read_update_dir, read_update_payload, scan_checkpoint
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.parallel import shard, take_shards, tensor_shards
@@ -100,8 +101,14 @@ class DeepseekV41ForCausalLM(nn.Module):
             return self.update_weights(weights)
         device, host = self.device, self.engram_host
         where = str(getattr(self.config, "_name_or_path", "the checkpoint"))
+        # Every shard's header first (bounds, names, dtypes, shapes): a bad file is one error naming it.
+        file_of = scan_checkpoint(where, self.cfg) if os.path.isdir(where) else {}
         tensors = {name: t.to(device) for name, t in (host.stream(weights, where) if host else weights)}
-        tensors = check_tensors({**tensors, **(host.placeholders() if host else {})}, self.cfg, where=where)
+        tensors = check_tensors({**tensors, **(host.placeholders() if host else {})}, self.cfg, where=where,
+                                finite=False)
+        for name, t in tensors.items():
+            if not t.is_meta:
+                check_finite(name, t, file_of.get(name, where))
         if self.shards is not None:  # validated whole, kept in part
             tensors = take_shards(tensors, self.shards)
         if host:  # the Engram tables stay in host memory: swap their modules, drop their names
@@ -122,14 +129,27 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.model.eval()
 
     # ------------------------------------------------------------------ weight updates
+    # Every update is staged whole (validated tensors in host memory) and then swapped in by `swap_in`;
+    # any failure before the swap leaves the served weights untouched (docs/sglang.md "Weight updates").
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """A weight update into the running server (SGLang's `/update_weights_from_disk`, `_from_tensor`,
-        `_from_distributed` call `load_weights` again): any subset of the checkpoint's tensors, all
-        validated before any is written, then copied in place, so every reference to a parameter (the
-        runtime, kernel slots) stays valid. KV pools and the token store need no reset: SGLang flushes
-        its radix cache after the update, and every slot is written before it is read again. The
-        Engram token map comes from the tokenizer and does not change."""
-        tensors = check_tensors(dict(weights), self.cfg, where="the weight update", complete=False)
+        """A weight update into the running server through SGLang's `load_weights` (`_from_tensor`,
+        `_from_distributed`): any subset of the checkpoint's tensors, validated (names, dtypes, shapes,
+        finite values) before any is written. Raises `CheckpointError`."""
+        try:
+            named = dict(weights)
+        except (TypeError, ValueError):
+            raise CheckpointError("the weight update must be a list of (name, tensor) pairs") from None
+        self.swap_in(self._staged(check_tensors(named, self.cfg, where="the weight update", complete=False)))
+
+    def stage_update_dir(self, path: str) -> dict[str, torch.Tensor]:
+        """The validated tensors of a weight-update directory (checkpoint/update.py rules). Raises."""
+        return self._staged(read_update_dir(path, self.cfg))
+
+    def stage_update_payload(self, buf: bytes, where: str) -> dict[str, torch.Tensor]:
+        """The validated tensors of a weight update sent as safetensors bytes. Raises."""
+        return self._staged(read_update_payload(buf, self.cfg, where))
+
+    def _staged(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.shards is not None:
             tensors = take_shards(tensors, self.shards)
         error = self._frozen_in_update(tensors)
@@ -137,6 +157,13 @@ class DeepseekV41ForCausalLM(nn.Module):
             raise CheckpointError(error)
         if not tensors:
             raise CheckpointError("weight update without any tensor of this model")
+        return tensors
+
+    def swap_in(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy staged tensors into the parameters in place, so every reference to a parameter (the
+        runtime, kernel slots) stays valid. KV pools and the token store need no reset: SGLang flushes
+        its radix cache after the update, and every slot is written before it is read again. The
+        Engram token map comes from the tokenizer and does not change."""
         state = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, t in tensors.items():
@@ -145,17 +172,6 @@ class DeepseekV41ForCausalLM(nn.Module):
             if "_dequantized" in m.__dict__:
                 m.keep_dequantized(True)
         logger.info("weight update: %d of %d tensors replaced", len(tensors), len(state))
-
-    def weight_update_error(self, path: str) -> str | None:
-        """Why the checkpoint at `path` cannot update this model (None if it can), from its safetensors
-        headers. Checked before SGLang reads an update from disk (weight_update.check_weight_update): after a
-        failed load SGLang re-reads the same path to roll back, which would fail again and end the
-        scheduler."""
-        try:
-            names = check_headers(path, self.cfg, complete=False)
-        except (CheckpointError, OSError, ValueError) as e:
-            return f"weight update from {path}: {e}"
-        return self._frozen_in_update(dict.fromkeys(names))
 
     def _frozen_in_update(self, names) -> str | None:
         if self.engram_host is None:
