@@ -246,3 +246,24 @@ def test_seeded_fuzz_of_tensor_updates(server, baseline, tensors, session):
         if r.status_code == 200:
             assert _from_tensor(server, [_payload(st_save(good))]).status_code == 200
     _still_serving(server, baseline)
+
+
+def test_bad_checkpoint_stops_startup_naming_file_and_tensor(tmp_path):
+    """A checkpoint with a NaN in one tensor: the server stops at startup with one error naming the file
+    and the tensor (SGLang's own loader would have served it)."""
+    from safetensors.torch import save_file
+
+    from sglang_dsv41.checkpoint.update import read_update_dir
+    from sglang_dsv41.config import ModelConfig
+    from sglang_dsv41.tiny import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", "tiny", seed=0)
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    assert len(list(ckpt.glob("*.safetensors"))) == 1
+    tensors = read_update_dir(ckpt, ModelConfig.from_pretrained(ckpt))
+    tensors["layers.1.ffn_norm.weight"][0] = float("nan")
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(RuntimeError) as e:
+        srv = start_server(ckpt, tmp_path / "server.log")
+        stop_server(srv.proc)
+    assert f"tensor 'layers.1.ffn_norm.weight' in {shard.name}: holds NaN or Inf" in str(e.value), str(e.value)[-2000:]
