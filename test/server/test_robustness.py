@@ -179,7 +179,8 @@ CLASSES = [
     # /v1/tokenize has no streaming answer: a truthy `stream` was a 501
     ("/v1/tokenize", {"prompt": "hi", "stream": True}, "stream: this endpoint answers in one response"),
     # ... nor SGLang's own /generate contract (both were 500s)
-    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": "x"}}, "parameters / instances"),
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": "x"}},
+     "parameters.sampling_params: invalid type"),
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"temperature": "hot"}}},
      "expected f64"),
     # found probing 2026-12: text and input_ids together (the text was dropped; batches of two shapes were a 500)

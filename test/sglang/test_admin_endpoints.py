@@ -88,3 +88,28 @@ def test_logging_refused(kw, fragment):
 def test_logging_accepted():
     assert logging_request_error(SimpleNamespace(log_requests=True, log_requests_level=3, log_requests_format="json",
                                                  log_level="warning")) is None
+
+
+def test_profile_output_dir_confined_to_the_profile_directory(tmp_path):
+    """`output_dir` must resolve inside the profile directory (SGLANG_TORCH_PROFILER_DIR): `..`, absolute paths
+    elsewhere and symlinks out are refused naming the field (and without the server's directory); a relative path
+    is taken inside it; `profile_prefix` / `profile_id` are file-name parts."""
+    from sglang_dsv41.sglang.requests.admin_endpoints import confined_output_dir, file_part_error
+
+    root, outside = tmp_path / "profiles", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    for path in ("../escape", str(root / ".." / "escape"), str(outside), "/etc", "link/x", "a/../../x", "~"):
+        where, error = confined_output_dir(path, str(root))
+        assert where is None and error.startswith("output_dir:") and str(root) not in error.replace(path, ""), path
+        assert profile_request_error(_req(output_dir=path), cpu_platform=True, root=str(root)).startswith("output_dir")
+    assert confined_output_dir("run1", str(root)) == (str(root / "run1"), None)
+    assert confined_output_dir(str(root / "a" / ".." / "b"), str(root)) == (str(root / "b"), None)
+    assert confined_output_dir(str(root), str(root)) == (str(root), None)
+    assert profile_request_error(_req(output_dir="run2"), cpu_platform=True, root=str(root)) is None
+    assert (root / "run2").is_dir() and list(outside.iterdir()) == []  # created inside, as the profiler would
+    for name in ("profile_prefix", "profile_id"):
+        assert file_part_error("../x", name).startswith(name) and file_part_error("ok-1.5", name) is None
+        req = _req(**{name: "a/b"})
+        assert profile_request_error(req, cpu_platform=True, root=str(root)).startswith(name)

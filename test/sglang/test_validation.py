@@ -481,3 +481,61 @@ def test_ollama_stream_errors_surface_before_the_header():
         return [chunk async for chunk in response.body_iterator]
 
     assert asyncio.run(run()) == [b"a", b"b", b"c"]
+
+
+def _chat_errors(content, role="user"):
+    from pydantic import ValidationError
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    try:
+        ChatCompletionRequest(model="m", messages=[{"role": role, "content": content}])
+    except ValidationError as e:
+        return [{**err, "loc": ("body", *err["loc"])} for err in e.errors()]  # as FastAPI reports them
+    raise AssertionError("accepted")
+
+
+@pytest.mark.parametrize("content, role, expected", [
+    ([{"type": "bogus"}], "user", "messages[0].content[0].type: expected 'text', 'thinking' or 'reasoning', "
+                                  "'image_url'"),
+    ([{"type": "text"}], "user", "messages[0].content[0].text: Field required"),
+    ([{"type": "text", "text": "a"}, {"type": "image_url"}], "assistant", "messages[0].content[1].image_url: Field"),
+    ([5], "user", "messages[0].content[0]: Input should be an object"),
+    ("hi", "bogus", "messages[0].role: 'role' must be one of"),
+])
+def test_validation_message_names_the_content_part(content, role, expected):
+    """SGLang's chat message is a union (generic or user message) of unions (six content-part kinds): the message
+    names the part the client sent, not a branch it never meant (it said "'role' must be one of" for a bad part)."""
+    message = validation_message(_chat_errors(content, role))
+    assert message.startswith(expected), message
+    if role != "bogus":
+        assert "role" not in message, message
+    assert "function-after" not in message and "ChatCompletion" not in message, message
+
+
+def test_contract_errors_name_the_field():
+    """SGLang's `/generate` contract says "invalid type: floating point ..., expected i64" without the field; a
+    JSON integer past 64 bits arrives as a float."""
+    from sglang.srt.entrypoints.api_contract import generate_contract_error as contract
+
+    from sglang_dsv41.sglang.requests.validation import contract_error_field, named_contract_error
+
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1, "sampling_seed": float(2**64)}}
+    assert contract(body).endswith("expected i64")
+    assert named_contract_error(contract(body), body, contract) == (
+        "sampling_params.sampling_seed: must be an integer in [-2**63, 2**63 - 1], got 1.8446744073709552e+19")
+    batch = {"text": ["a", "b"], "sampling_params": [{"top_k": 1}, {"stop_token_ids": [1, "x"]}]}
+    assert contract_error_field(batch, contract) == "sampling_params[1].stop_token_ids"
+    assert named_contract_error(contract(batch), batch, contract).startswith("sampling_params[1].stop_token_ids: ")
+    assert named_contract_error(contract({"rid": 5}), {"rid": 5}, contract).startswith("rid: invalid type")
+    assert contract_error_field({"text": "hi"}, contract) is None
+
+
+def test_prompt_length_error():
+    from sglang_dsv41.sglang.requests.validation import prompt_length_error
+
+    limits = Limits(V, context_len=128, max_input_tokens=122)
+    assert prompt_length_error(121, limits, "text") is None
+    assert prompt_length_error(122, limits, "input_ids") == (
+        "input_ids: the prompt has 122 tokens; this server accepts prompts of at most 121 tokens (context length 128)")
+    assert prompt_length_error(10**6, Limits(V, 128, allow_auto_truncate=True, max_input_tokens=122), "t") is None
+    assert prompt_length_error(10**6, Limits(V, 128), "t") is None  # limit unknown: SGLang's own checks answer

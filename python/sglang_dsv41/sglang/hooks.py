@@ -9,7 +9,8 @@ fails loudly. Kinds:
   setup                    our function runs once at install (it writes SGLang's table or environment itself)
   read                     an SGLang object our code uses; nothing is installed
 The only writes into SGLang tables are the `setup` rows (model registry, CPU host allocator) and the HTTP
-app's error handlers (registered through FastAPI's `add_exception_handler` by a `before` row).
+app's error handlers and info-body middleware (FastAPI's `add_exception_handler` / `add_middleware`, by the
+`before` and `around` rows on `_setup_and_run_http_server`).
 
 The functions live with their concern: `model/` (the model adapter) and `requests/` (request hardening).
 """
@@ -22,7 +23,7 @@ from typing import Callable
 from sglang_dsv41.sglang.model import (arg_resolution, cpu_host_alloc, cuda_graphs, kv_budget, registration,
                                        swa_replay, weight_update)
 from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
-from sglang_dsv41.sglang.requests import admin_endpoints, admission, error_handlers, other_endpoints
+from sglang_dsv41.sglang.requests import admin_endpoints, admission, error_handlers, info_endpoints, other_endpoints
 
 BEFORE, AFTER, AROUND, STEP, PROVIDER, SETUP, READ = "before", "after", "around", "step", "provider", "setup", "read"
 KINDS = (BEFORE, AFTER, AROUND, STEP, PROVIDER, SETUP, READ)
@@ -107,6 +108,9 @@ EVERY_PROCESS = (
          "the scheduler's per-request admission check; an error string aborts that request alone "
          "(Req.set_finish_with_abort). We add the rules whose breach ends the scheduler: ids in range, "
          "non-empty, top logprobs <= vocab, top_k in int32, logit bias and stop ids."),
+    Hook("utils.common.build_server_info", AFTER, info_endpoints.redact_server_info,
+         "the server-info dict (every server arg, the launch command) loses its secrets and the launch command, and "
+         "names the model as the user passed it, also where SGLang serves it without HTTP (gRPC, Rust server)."),
     Hook("managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile", AROUND,
          admin_endpoints.stop_profile_keeping_scheduler,
          "an OSError writing a profile trace is a refused stop, not the scheduler's end."),
@@ -169,14 +173,20 @@ FRONT_END = (
     Hook("entrypoints.http_server._setup_and_run_http_server", BEFORE, error_handlers.add_error_handlers,
          "register our error handlers on the app: malformed requests (SGLang's handler echoes the endpoint's "
          "file path and line) and exceptions escaping body validation (Starlette's 500)."),
+    Hook("entrypoints.http_server._setup_and_run_http_server", AROUND, info_endpoints.add_info_redaction,
+         "our middleware on the app (Starlette's add_middleware, before uvicorn starts) rewrites the info endpoints' "
+         "bodies: no API key, "
+         "password or launch command (`/server_info` gave them, per scheduler too, to any user-key holder), and "
+         "the model as the user passed it (`/model_info` showed our alias's generated directory)."),
     Hook(_CONTROL + "release_memory_occupation", AROUND, admin_endpoints.refuse_memory_occupation_on_cpu,
          "on our CPU platform `/release_memory_occupation` is a 400 in the front end (SGLang's scheduler "
          "synchronises the CUDA device there, which killed a CPU server)."),
     Hook(_CONTROL + "resume_memory_occupation", AROUND, admin_endpoints.refuse_memory_occupation_on_cpu,
          "the same for `/resume_memory_occupation`."),
     Hook(_CONTROL + "_execute_profile", AROUND, admin_endpoints.checked_profile,
-         "`/start_profile` fields checked before the scheduler (an unknown activity list killed it); SGLang's "
-         "refusals become 400s instead of 500s."),
+         "`/start_profile` fields checked before the scheduler (an unknown activity list killed it), and its "
+         "trace kept inside the profile directory (`output_dir` with `../` wrote anywhere); SGLang's refusals "
+         "become 400s instead of 500s."),
     Hook(_CONTROL + "init_weights_update_group", AROUND, admin_endpoints.checked_weight_group,
          "a weight-update group that cannot form is a 400 (the scheduler blocked in its rendezvous)."),
     Hook("managers.tokenizer_manager.TokenizerManager._update_model_path_info", AROUND,

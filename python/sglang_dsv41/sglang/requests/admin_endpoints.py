@@ -5,9 +5,11 @@ Profiling (`/start_profile`, `/stop_profile`): SGLang checks nothing in the fron
 `activities` list reached the scheduler's torch profiler, which raised there ("No activities specified")
 and took the server down; on our CPU platform SGLang's base platform raised NotImplementedError for the
 profiler activity (fixed in platform.py). A `num_steps` below 1 or an `output_dir` that cannot hold the trace
-would fail in the scheduler too (writing the trace to `/proc/x` ended it). Now those are 400s naming the
-field, an OSError while the scheduler writes a trace is a refusal instead of its end, a second start while
-a profile runs is refused (SGLang started a second profiler over the first), and SGLang's refusals ("not in
+would fail in the scheduler too (writing the trace to `/proc/x` ended it), and `output_dir: "/tmp/../etc"` (or a
+`profile_prefix` with a `/`) wrote the trace anywhere the server may write. Now those are 400s naming the field
+(`output_dir` must resolve inside SGLANG_TORCH_PROFILER_DIR, default /tmp; a relative one is taken inside it),
+an OSError while the scheduler writes a trace is a refusal instead of its end, a second start while a profile
+runs is refused (SGLang started a second profiler over the first), and SGLang's refusals ("not in
 progress", "already in progress"), raised as a RuntimeError (a 500), are 400s.
 
 Memory occupation (`/release_memory_occupation`, `/resume_memory_occupation`): the scheduler synchronises the
@@ -45,12 +47,14 @@ MEMORY_OCCUPATION_ON_CPU = ("the CPU platform has no device memory to release or
                             "occupation endpoints free GPU memory for colocated training)")
 
 
-def output_dir_error(path: Any) -> str | None:
+def output_dir_error(path: Any, shown: Any = None) -> str | None:
     """An output directory the scheduler can write a trace into: created here if missing (as the profiler
     would at stop) and a file written and removed in it, so that `/proc/x`, a file, or a read-only place is a
-    400 now rather than an OSError in the scheduler later."""
+    400 now rather than an OSError in the scheduler later. Messages quote `shown` (what the client sent), by
+    default `path`."""
     if path is None:
         return None
+    shown = path if shown is None else shown
     if not isinstance(path, str) or not path or "\x00" in path:
         return f"output_dir: expected a directory path, got {path!r}"[:200]
     try:
@@ -59,12 +63,45 @@ def output_dir_error(path: Any) -> str | None:
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as e:
-        return f"output_dir: the server cannot write files into {path!r} ({e.strerror or type(e).__name__})"[:300]
+        return f"output_dir: the server cannot write files into {shown!r} ({e.strerror or type(e).__name__})"[:300]
     return None
 
 
-def profile_request_error(req: Any, cpu_platform: bool) -> str | None:
-    """A START_PROFILE ProfileReq: activities, steps and output directory."""
+PROFILE_DIR_VAR = "SGLANG_TORCH_PROFILER_DIR"
+"""SGLang's profile directory (default /tmp): where a trace goes without `output_dir`, and the directory every
+`output_dir` must resolve inside."""
+
+
+def profile_root() -> str:
+    """The profile directory as the scheduler sees it (it inherits the launcher's environment), symlinks resolved."""
+    return os.path.realpath(os.path.expanduser(os.environ.get(PROFILE_DIR_VAR) or "/tmp"))
+
+
+def confined_output_dir(path: Any, root: str) -> tuple[str | None, str | None]:
+    """-> (the directory SGLang should write into, None) or (None, error). A relative `output_dir` is taken inside
+    the profile directory; whatever the form, the resolved directory (`..` and symlinks followed) must be the
+    profile directory or below it. The error names the field but not the server's directory."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        return None, f"output_dir: expected a directory path, got {path!r}"[:200]
+    where = os.path.realpath(os.path.join(root, os.path.expanduser(path)))
+    if os.path.commonpath([where, root]) != root:
+        return None, (f"output_dir: {path!r} resolves outside the server's profile directory ({PROFILE_DIR_VAR}); "
+                      "send a path inside it, or a relative one, which is taken inside it")[:300]
+    return where, None
+
+
+def file_part_error(value: Any, field: str) -> str | None:
+    """`profile_prefix` / `profile_id` become part of the trace's file name: a plain name, no path."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or "\x00" in value or "/" in value or (os.altsep and os.altsep in value):
+        return f"{field}: expected a file-name part without '/', got {str(value)[:64]!r}"[:200]
+    return None
+
+
+def profile_request_error(req: Any, cpu_platform: bool, root: str | None = None) -> str | None:
+    """A START_PROFILE ProfileReq: activities, steps, file-name parts and output directory (confined to `root`,
+    by default `profile_root()`)."""
     acts = getattr(req, "activities", None)
     if acts is not None:
         allowed = ("CPU",) if cpu_platform else PROFILER_ACTIVITIES
@@ -78,7 +115,15 @@ def profile_request_error(req: Any, cpu_platform: bool) -> str | None:
         v = getattr(req, name, None)
         if v is not None and (not _is_int(v) or v < low):
             return f"{name}: expected an integer >= {low}, got {v!r}"[:200]
-    return output_dir_error(getattr(req, "output_dir", None))
+    for name in ("profile_prefix", "profile_id"):
+        error = file_part_error(getattr(req, name, None), name)
+        if error:
+            return error
+    path = getattr(req, "output_dir", None)
+    if path is None:
+        return None
+    where, error = confined_output_dir(path, root or profile_root())
+    return error or output_dir_error(where, shown=path)
 
 
 async def checked_profile(original, tm, req, *args, **kwargs):
@@ -92,6 +137,8 @@ async def checked_profile(original, tm, req, *args, **kwargs):
         error = profile_request_error(req, on_our_cpu_platform())
         if error:
             raise HTTPException(status_code=400, detail=error)
+        if req.output_dir is not None:  # the directory checked above, so a relative path lands inside the root too
+            req.output_dir, _ = confined_output_dir(req.output_dir, profile_root())
     try:
         return await original(tm, req, *args, **kwargs)
     except RuntimeError as e:  # the scheduler's refusal (result.success False), e.g. "not in progress"
@@ -221,7 +268,8 @@ async def refuse_memory_occupation_on_cpu(original, tm, obj, *args, **kwargs):
     return await original(tm, obj, *args, **kwargs)
 
 
-__all__ = ["EXPERT_RECORDING", "MEMORY_OCCUPATION_ON_CPU", "PROFILER_ACTIVITIES", "checked_profile", "output_dir_error",
+__all__ = ["EXPERT_RECORDING", "MEMORY_OCCUPATION_ON_CPU", "PROFILER_ACTIVITIES", "PROFILE_DIR_VAR", "checked_profile",
+           "confined_output_dir", "file_part_error", "output_dir_error", "profile_root",
            "one_profile_at_a_time", "profile_request_error", "refuse_expert_recording_when_off",
            "refuse_memory_occupation_on_cpu", "checked_weight_group", "weight_group_error", "checked_logging",
            "logging_request_error",

@@ -17,6 +17,8 @@ from sglang_dsv41.sglang.requests.validation import (
     completion_request_error,
     detokenize_request_error,
     generate_body_error,
+    named_contract_error,
+    prompt_length_error,
     request_texts,
     routed_experts_error,
     text_bytes_error,
@@ -38,6 +40,7 @@ def request_limits(tm) -> Limits:
         max_token_bytes=max_token_bytes,
         empty_text_has_tokens=empty_has_tokens,
         allow_auto_truncate=bool(getattr(tm, "allow_auto_truncate", False)),
+        max_input_tokens=getattr(tm, "max_req_input_len", None),
     )
 
 
@@ -99,11 +102,13 @@ def check_other_openai_request(result, serving, request, *args, **kwargs):
 
 def check_generate_body(result, body, *args, **kwargs):
     """AFTER hook on api_contract.generate_contract_error(body) -> str | None (the `/generate` route)."""
+    import inspect
+
     from sglang.srt.entrypoints import api_contract
     from sglang.srt.entrypoints.http_server import get_global_state
 
-    if result:
-        return result
+    if result:  # SGLang's message names no field: find it by asking SGLang's own (unhooked) contract per field
+        return named_contract_error(result, body, inspect.unwrap(api_contract.generate_contract_error))
     state = get_global_state()
     if state is None or state.tokenizer_manager is None:
         return None
@@ -135,6 +140,9 @@ def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
     error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size))
     if not error and getattr(obj, "return_routed_experts", False) is True:
         error = routed_experts_error(True, routed_experts_served())
+    if not error and input_ids is not None:  # the scheduler's length limit, refused here with the number that fits
+        field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
+        error = prompt_length_error(len(input_ids), request_limits(tm), field)
     if error:
         raise RequestError(error)
     return result

@@ -56,6 +56,9 @@ class Limits:
     empty_text_has_tokens: bool = True
     """False when the tokenizer adds no special tokens, so an empty text prompt has zero tokens."""
     allow_auto_truncate: bool = False
+    max_input_tokens: int | None = None
+    """SGLang's scheduler refuses a prompt of this many tokens or more (its `max_req_input_len`: min(context,
+    KV pool) - 6); None when unknown."""
 
 
 # ---------------------------------------------------------------------------- tokenizer facts
@@ -532,16 +535,149 @@ def request_texts(texts: Any) -> list[str]:
     return out
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "list", "dict", "tuple", "set", "none", "null"})
+_DISCRIMINATORS = ("type", "role")
+"""Fields whose mismatch tells that a union branch is not the one the client meant (a content part's `type`,
+a message's `role`)."""
+
+
+def _is_tag(segment: Any) -> bool:
+    """A segment pydantic adds to an error's `loc` for a union branch or validator (`str`, `list[...]`,
+    `function-after[...]`, `ChatCompletionMessageUserParam`), not a field name or index the client wrote."""
+    return isinstance(segment, str) and ("[" in segment or segment in _TYPE_TAGS
+                                         or (segment[:1].isupper() and segment.isidentifier() and "_" not in segment))
+
+
+def _rejects(loc: tuple, depth: int) -> bool:
+    """Whether an error of a union branch (its tag at `depth` of `loc`) refuses the value as a whole: not even
+    of the branch's type, or a different `type` / `role`."""
+    rest = [x for x in loc[depth + 1:] if not _is_tag(x)]
+    return not rest or (len(rest) == 1 and rest[0] in _DISCRIMINATORS)
+
+
+def _meant_branches(errors: list, start: int = 0) -> list:
+    """Pydantic reports every branch of a union (a chat message is a generic or a user message; a content part
+    one of six kinds), and the first error was often a branch the client never meant ("'role' must be one of"
+    for a bad content part of a user message). Keep, at each union, the branches that accepted the value's kind;
+    when none did, only the errors that say why (the kind or `type` / `role` each branch wanted), recursively."""
+    out, unions = [], {}
+    for loc, err in errors:
+        i = next((k for k in range(start, len(loc)) if _is_tag(loc[k])), None)
+        if i is None:
+            out.append((loc, err))
+        else:
+            unions.setdefault(loc[:i], {}).setdefault(loc[i], []).append((loc, err))
+    for prefix, branches in unions.items():
+        depth = len(prefix)
+        kept = [b for b in branches.values() if not any(_rejects(loc, depth) for loc, _ in b)]
+        if not kept:
+            kept = [[(loc, err) for loc, err in b if _rejects(loc, depth)] for b in branches.values()]
+        for branch in kept:
+            out.extend(_meant_branches(branch, depth + 1))
+    return out
+
+
+def field_path(loc: Iterable[Any]) -> str:
+    """('messages', 0, 'content', 1, 'text') -> 'messages[0].content[1].text' (pydantic's tags dropped)."""
+    out = ""
+    for x in loc:
+        if isinstance(x, int):
+            out += f"[{x}]"
+        elif not _is_tag(x):
+            out += f".{x}" if out else str(x)
+    return out
+
+
+def _reason(errs: list[dict]) -> str:
+    literal = [e for e in errs if e.get("type") == "literal_error"]
+    if literal and len(literal) == len(errs):
+        expected = ", ".join(dict.fromkeys(str((e.get("ctx") or {}).get("expected", "?")) for e in literal))
+        got = literal[0].get("input")
+        shown = f", got {got!r}"[:80] if isinstance(got, (str, int, float)) else ""
+        return f"expected {expected}{shown}"
+    if all(e.get("type") in ("model_type", "dict_type", "model_attributes_type") for e in errs):
+        return "Input should be an object"
+    msgs = dict.fromkeys(str(e.get("msg", "invalid value")).removeprefix("Value error, ") for e in errs)
+    return " or ".join(list(msgs)[:3])
+
+
 def validation_message(errors: Iterable[dict]) -> str:
     """FastAPI's request-validation errors as one line naming each field (never the input, which may be
-    large, nor the endpoint's source file and line, which FastAPI attaches to the exception)."""
+    large, nor the endpoint's source file and line, which FastAPI attaches to the exception). Union branches
+    the client did not mean are dropped, and a field's errors are merged: a chat content part of an unknown
+    type is `messages[0].content[0].type: expected 'text', ..., got 'bogus'`, not a complaint about the role."""
+    errors = [e for e in errors if isinstance(e, dict)]
     parts = []
-    for err in list(errors)[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    for err in errors:
         if err.get("type") == "json_invalid":
+            loc = [str(x) for x in err.get("loc", ()) if x != "body"]
             reason = (err.get("ctx") or {}).get("error")
             where = f" at character {loc[0]}" if loc else ""
             parts.append(f"body: invalid JSON{where}" + (f" ({reason})" if reason else ""))
-        else:
-            parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid value')}")
-    return "; ".join(parts) or "invalid request"
+    located = [(tuple(x for x in err.get("loc", ()) if x != "body"), err) for err in errors
+               if err.get("type") != "json_invalid"]
+    by_field: dict[str, list[dict]] = {}
+    for loc, err in _meant_branches(located):
+        by_field.setdefault(field_path(loc) or "body", []).append(err)
+    parts += [f"{field}: {_reason(errs)}" for field, errs in by_field.items()]
+    return "; ".join(parts[:5]) or "invalid request"
+
+
+# ---------------------------------------------------------------------------- `/generate` contract errors
+I64 = (-(2**63), 2**63 - 1)
+
+
+def contract_error_field(body: Any, contract) -> str | None:
+    """The field of a `/generate` body that SGLang's contract (`contract(body) -> message | None`, its
+    `generate_contract_error`) refuses, found by asking it about each field alone: `sampling_params[1].top_k`.
+    Its messages name no field ("invalid type: floating point `1.5`, expected i64")."""
+    if not isinstance(body, dict):
+        return None
+    for key, value in body.items():
+        if contract({key: value}) is None:
+            continue
+        if key != "sampling_params":
+            return key
+        for params, field in _indexed(value, "sampling_params"):
+            if not isinstance(params, dict):
+                return field
+            for name, v in params.items():
+                if contract({key: {name: v}}) is not None:
+                    return f"{field}.{name}"
+        return key
+    return None
+
+
+def _field_value(body: dict, field: str) -> Any:
+    value: Any = body
+    for part in field.replace("[", ".[").split("."):
+        if part.startswith("["):
+            value = value[int(part[1:-1])]
+        elif part:
+            value = value[part]
+    return value
+
+
+def named_contract_error(message: str, body: Any, contract) -> str:
+    """SGLang's contract message prefixed with the field it is about. A number where the contract wants an i64
+    names the range: JSON integers past 64 bits reach SGLang as floats (`sampling_seed: 2**64` read "invalid type:
+    floating point `1.8446744073709552e+19`, expected i64")."""
+    field = contract_error_field(body, contract)
+    if field is None:
+        return message
+    value = _field_value(body, field)
+    if message.endswith("expected i64") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{field}: must be an integer in [-2**63, 2**63 - 1], got {value!r}"
+    return f"{field}: {message}"
+
+
+# ---------------------------------------------------------------------------- prompt length
+def prompt_length_error(n_tokens: int, limits: Limits, field: str) -> str | None:
+    """A prompt SGLang's scheduler would refuse for its length (`limits.max_input_tokens` or more tokens; it
+    answered "Input length (M tokens) exceeds the maximum allowed length (M tokens)" for a prompt of exactly M).
+    Refused here, after tokenizing, with the number a client may send."""
+    limit = limits.max_input_tokens
+    if limit is None or limits.allow_auto_truncate or n_tokens < limit:
+        return None
+    return (f"{field}: the prompt has {n_tokens} tokens; this server accepts prompts of at most {limit - 1} tokens "
+            f"(context length {limits.context_len})")
