@@ -244,7 +244,7 @@ def test_a_large_prompt_does_not_stall_other_clients(server, model):
     """A prompt that only tokenizing can judge (under the byte budget, over the context) is tokenized in a
     worker thread: other requests keep being answered meanwhile. One that the byte budget alone rules
     out is refused without tokenizing."""
-    text = "ab " * 300_000  # 900 KB: about 600K tokens, under 32772 x 29 bytes, so it has to be tokenized
+    text = "ab " * 250_000  # 750 KB: about 500K tokens, under C x 29 bytes (C = 28543), so it has to be tokenized
     result = {}
 
     def big():

@@ -25,7 +25,8 @@ def test_wrapped_resolution_steps_are_overridable():
     from sglang.srt.arg_groups.resolution_hooks import _OVERRIDABLE_HOOKS
 
     steps = {h.target.rsplit(".", 1)[1] for h in hooks.HOOKS if h.kind == hooks.STEP}
-    assert steps == {"handle_model_source_paths", "handle_missing_default_values", "handle_cuda_graph_config"}
+    assert steps == {"handle_model_source_paths", "handle_missing_default_values", "handle_cuda_graph_config",
+                     "handle_platform_defaults"}
     assert steps <= _OVERRIDABLE_HOOKS
 
 
@@ -91,7 +92,7 @@ def test_install_registers_request_validation_only_in_the_front_end(monkeypatch,
     assert registered.get("sglang.srt.managers.utils.validate_input_length", (None,))[0] is HookType.AFTER
     assert (("sglang.srt.entrypoints.http_server._setup_and_run_http_server" in registered) == front_end)
     assert set(resolution_hooks._HOOKS) == {"handle_model_source_paths", "handle_missing_default_values",
-                                            "handle_cuda_graph_config"}
+                                            "handle_cuda_graph_config", "handle_platform_defaults"}
     assert providers == [ARCHITECTURE]
     assert ModelRegistry.models[ARCHITECTURE] is DeepseekV41ForCausalLM
     assert common.ALLOC_MEMORY_FUNCS["cpu"] is cpu_host_alloc.alloc_host_unpinned

@@ -24,6 +24,7 @@ from sglang_dsv41.sglang.model import (arg_resolution, cpu_host_alloc, cuda_grap
                                        swa_replay, weight_update)
 from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 from sglang_dsv41.sglang.requests import admin_endpoints, admission, error_handlers, info_endpoints, other_endpoints
+from sglang_dsv41.sglang.requests import aborts, fair_share
 
 BEFORE, AFTER, AROUND, STEP, PROVIDER, SETUP, READ = "before", "after", "around", "step", "provider", "setup", "read"
 KINDS = (BEFORE, AFTER, AROUND, STEP, PROVIDER, SETUP, READ)
@@ -61,6 +62,10 @@ EVERY_PROCESS = (
     Hook("arg_groups.model_path_hook.handle_model_source_paths", STEP, arg_resolution.resolve_alias_step,
          "`--model deepseek-v4.1-tiny` becomes the generated checkpoint dir (served under the alias) and "
          "`deepseek-v4.1` the hub id, before any download."),
+    Hook("arg_groups.platform_hook.handle_platform_defaults", STEP, arg_resolution.context_step,
+         "on our CPU platform without --context-length: the context is what the KV pool can always schedule for one "
+         "request (pool_limits.py), and never above the checkpoint's own (SGLang refused to start a checkpoint whose "
+         "config.json says less than the pool)."),
     Hook("arg_groups.serving_hook.handle_missing_default_values", STEP, arg_resolution.cpu_device_step,
          "on our CPU platform the device is `cpu` (SGLang's get_device() knows none without CUDA or its CPU engine)."),
     Hook("arg_groups.cuda_graph_hook.handle_cuda_graph_config", STEP, cuda_graphs.cuda_graphs_off_step,
@@ -104,6 +109,21 @@ EVERY_PROCESS = (
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with cudaHostRegister "
          "(no CUDA on CPU); on CPU the device cache is host memory, so nothing to pin."),
     # ------------------------------------------------------------------ request hardening (requests/), scheduler side
+    Hook("managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND, fair_share.check_schedulable,
+         "after SGLang clips max_new_tokens: a request the KV pool can never schedule is aborted alone with a 400 "
+         "naming the limit (clipped to 0 new tokens, a prompt of pool - page .. pool - 7 tokens was never admitted "
+         "and blocked the queue; a shorter one was answered empty); an unset max_new_tokens is clipped to fit."),
+    Hook("managers.schedule_policy.PrefillAdder.add_one_req", AROUND, fair_share.share_long_requests,
+         "long fixed-length requests hold at most the long share of the pool together; one that does not fit waits "
+         "without stopping the queue (SGLang's FCFS loop ends at the first request that does not fit)."),
+    Hook("managers.schedule_policy.PrefillAdder.add_chunked_req", AROUND, fair_share.charge_long_chunk,
+         "a long request's next prompt chunk is charged its whole output (SGLang: nothing until the last chunk)."),
+    Hook("managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", AROUND,
+         fair_share.charge_long_running,
+         "a running long request is charged all of its remaining output (SGLang: at most 4096 tokens, so it admitted "
+         "more than the pool could finish, then retracted)."),
+    Hook("managers.scheduler.Scheduler.abort_request", AROUND, aborts.abort_exactly,
+         "an abort ends exactly the rid it names (SGLang matched by prefix: aborting job-1 ended job-10 .. job-19)."),
     Hook("managers.utils.validate_input_length", AFTER, admission.check_admitted,
          "the scheduler's per-request admission check; an error string aborts that request alone "
          "(Req.set_finish_with_abort). We add the rules whose breach ends the scheduler: ids in range, "
@@ -167,6 +187,12 @@ FRONT_END = (
          "every generate request after tokenization, from every entry point: ids in range, non-empty, top "
          "logprobs <= vocab, top_k, logit bias, stop ids, text-only, return_routed_experts only with "
          "--enable-return-routed-experts (SGLang dropped it silently)."),
+    Hook("managers.tokenizer_manager.TokenizerManager.abort_request", AROUND, aborts.abort_named,
+         "an abort of a rid that is not live ends the requests SGLang derived from it (a batch's prompts, n > 1 "
+         "samples); SGLang forwarded only a rid it holds a state for, so aborting those parents did nothing."),
+    Hook("managers.io_struct.GenerateReqInput.regenerate_rid", AROUND, aborts.derived_sample_rid,
+         "an n > 1 sample (and its warmup) is named `<prompt rid>-<32 hex>` instead of a bare uuid, so an abort "
+         "of the request's rid can find it."),
     Hook("managers.tokenizer_manager.TokenizerManager._tokenize_texts", AROUND, admission.tokenize_texts,
          "refuse a text whose byte size proves it exceeds the context, and tokenize large texts in a worker "
          "thread so the event loop keeps serving other clients."),

@@ -65,7 +65,9 @@ def _platform_class():
                 )
             # SGLang's req_to_token table is (max_running_requests + 1) x context_length int32: with
             # the model's 1M context and 2048 requests that is 8 GiB of host RAM zeroed at startup.
-            if server_args.context_length is None:  # never above V4.1's context (SGLang refuses that)
+            # When unset, never above V4.1's context (SGLang refuses that); arg_resolution.context_step then
+            # lowers it to what the pool can always schedule and to the checkpoint's own context (pool_limits.py).
+            if server_args.context_length is None:
                 server_args.context_length = min(server_args.max_total_tokens, V41_CONTEXT)
             if server_args.max_running_requests is None:
                 server_args.max_running_requests = DEFAULT_CPU_MAX_RUNNING_REQUESTS
