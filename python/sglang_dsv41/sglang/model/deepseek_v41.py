@@ -107,8 +107,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         tensors = check_tensors({**tensors, **(host.placeholders() if host else {})}, self.cfg, where=where,
                                 finite=False)
         for name, t in tensors.items():
-            if not t.is_meta:
-                check_finite(name, t, file_of.get(name, where))
+            check_finite(name, t, file_of.get(name, where))
         if self.shards is not None:  # validated whole, kept in part
             tensors = take_shards(tensors, self.shards)
         if host:  # the Engram tables stay in host memory: swap their modules, drop their names
