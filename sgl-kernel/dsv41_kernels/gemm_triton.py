@@ -20,8 +20,8 @@ writes each block's scaled partial, `_ordered_sum_kernel` adds them in K order):
 only on its own row of x and column of w (batch invariant). Outside deterministic mode, decode calls (up
 to FOLD_ROWS rows) run the folded split-K instead: K-order sums over chunks of blocks, then the chunk sums
 in order, so a row's bits depend on its call's chunk count (docs/numerics.md, "Decode GEMMs").
-The only difference from the twin is the 32-term partial: the twin adds the 32 exact products one by one
-in K order in fp32 (DeepSeek's CPU reference order), the tensor core in its own internal order and width,
+The only difference from the twin is the 32-term partial: the twin takes the exact sum of the 32 products
+rounded once to fp32 (docs/numerics.md choice 4b), the tensor core its own internal order and width,
 like DeepSeek's GPU kernel (test/kernels/test_gemm_gpu.py states the bound). Reproducing the sequential
 order here would take the partials off the tensor cores.
 """

@@ -4,23 +4,33 @@ The official V4.1 reference (`../shared/official` relative to the repo root; ove
 environment variable SGLANG_DSV41_OFFICIAL_DIR) is imported, never copied. It keeps module globals (world
 size, default dtype, the shared attention state), so every official model lives in its own process:
 
-    python official_capture.py forward CKPT IDS_JSON OUT_PT --threads N
+    python official_capture.py forward CKPT IDS_JSON OUT_PT --threads N [--mkl-partials]
         one official prefill (start_pos 0, text only) over the ids -> torch.save({
           "logits": fp32 [T, vocab] (the official final norm + head on every row, one head GEMM),
           "routed_experts": {layer: int32 [T, top_k]}  (Gate indices, ordered by biased score),
           "topk": {layer: int32 [T, min(index_topk, T // ratio)]}  (Indexer output minus its window offset:
                                                           compressed positions ascending, -1 padded),
           "candidates": {layer: bool [T, T // ratio]}}) (the candidate source's block mask)
+    python official_capture.py logits CKPT IDS_JSON OUT_PT --threads N [--mkl-partials]
+        one batched official prefill over B prompts of T tokens (IDS_JSON: [B][T]) -> torch.save(
+          fp32 [B, T, vocab]: the official final norm + head on every row, one head GEMM)
     python official_capture.py write-small DIR --max-seq-len N
         testing.build_small_model(small_model_args(max_seq_len=N), seed=7) written by
         check_run_official.write_checkpoint, with to_hf(args) as config.json and
         write_tokenizer(DIR/tokenizer.json, vocab) -> DIR (the released layout)
 
-Top-k ties: the official `topk(sorted=False)` leaves their order to the implementation; for a
-bitwise comparison the worker breaks them toward the lower index (docs/numerics.md choice 2) by
-running every `Tensor.topk` of the process as a stable descending sort. Both processes must run
-the same thread count (docs/numerics.md "Thread count"), ATEN_CPU_CAPABILITY=default and MKL_CBWR.
-In the test process: `OfficialForward(ckpt, ids, workdir, threads).result()` (started in the
+Two things the official forward leaves to the implementation are pinned to our documented rules
+(`_pin_unspecified`; `--mkl-partials` leaves the second one as it is, to see the difference):
+- top-k ties: `topk(sorted=False)` leaves their order open; the worker breaks them toward the lower
+  index (docs/numerics.md choice 2) by running every `Tensor.topk` of the process as a stable
+  descending sort;
+- FP8 / FP4 GEMM block partials: each 32-wide K block is an fp32 `a_blk @ b_blk.T`, summed in
+  whatever order MKL picks for the call's shape, the row's place in it and the thread split (so a
+  row's bits depend on the prompt length and the batch); the worker makes that one matmul the exact
+  sum rounded once to fp32 (docs/numerics.md choice 4b), the rest of the GEMM stays DeepSeek's.
+Both processes must run the same thread count (docs/numerics.md "Thread count"),
+ATEN_CPU_CAPABILITY=default and MKL_CBWR. In the test process: `OfficialForward(ckpt, ids, workdir,
+threads).result()` and `OfficialLogits(ckpt, prompts, workdir, threads).result()` (started in the
 background) and `write_official_small(dir, max_seq_len, threads)`.
 """
 
@@ -83,6 +93,26 @@ class OfficialForward:
         return self._result
 
 
+class OfficialLogits:
+    """The official batched prefill of `prompts` ([B][T] ids) on checkpoint `ckpt`, started in the
+    background; `result()` waits for it: fp32 logits [B, T, vocab]."""
+
+    def __init__(self, ckpt: Path, prompts: list[list[int]], workdir: Path, threads: int, mkl_partials: bool = False):
+        self.ids_file, self.out = workdir / "official_prompts.json", workdir / "official_logits.pt"
+        self.ids_file.write_text(json.dumps([[int(t) for t in row] for row in prompts]))
+        extra = ["--mkl-partials"] if mkl_partials else []
+        self.worker = Worker(["logits", str(ckpt), str(self.ids_file), str(self.out), *extra], threads)
+        self._result = None
+
+    def result(self):
+        import torch
+
+        if self._result is None:
+            self.worker.wait()
+            self._result = torch.load(self.out)
+        return self._result
+
+
 def write_official_small(out_dir: Path, max_seq_len: int, threads: int) -> Path:
     """The official small test model (seed 7) in the released layout, with config.json and tokenizer."""
     Worker(["write-small", str(out_dir), "--max-seq-len", str(max_seq_len)], threads).wait()
@@ -111,11 +141,70 @@ def _stable_topk():
     torch.Tensor.topk = topk
 
 
-def _forward(ckpt: str, ids_file: str, out: str) -> None:
+def _exact_block_partials():
+    """The official FP8 / FP4 GEMMs (kernel_cpu `fp8_gemm` / `fp4_gemm`, through `_block_scaled_gemm`)
+    sum each K block's products with an fp32 `a_blk @ b_blk.T`: MKL's order, which depends on the
+    call's row count, the row's place in it, the output width and the thread split (docs/numerics.md
+    choice 4b). Pin it to the documented rule: inside `_block_scaled_gemm` every 2-D fp32 matmul
+    returns the exact sum of its products (float64 holds every E4M3 x E4M3 / E2M1 x E4M3 block sum
+    exactly) rounded once to fp32. Everything around it (quantizers, scales, the K-block accumulation,
+    the bf16 cast) stays DeepSeek's code."""
+    import torch
+
+    from models.demos.deepseek_v3_d_p.reference.deepseek_v41 import kernel_cpu
+
+    block_gemm, plain = kernel_cpu._block_scaled_gemm, torch.Tensor.__matmul__
+
+    def exact(x, y):
+        if x.dtype == y.dtype == torch.float32 and x.dim() == y.dim() == 2:
+            return plain(x.double(), y.double()).float()
+        return plain(x, y)
+
+    def pinned(*args, **kwargs):
+        torch.Tensor.__matmul__ = exact
+        try:
+            return block_gemm(*args, **kwargs)
+        finally:
+            torch.Tensor.__matmul__ = plain
+
+    kernel_cpu._block_scaled_gemm = pinned
+
+
+def _pin_unspecified(mkl_partials: bool = False):
+    """The behaviours the official forward leaves to the implementation, pinned to our rules (module
+    docstring); `mkl_partials` keeps MKL's block partials."""
+    _stable_topk()
+    if not mkl_partials:
+        _exact_block_partials()
+
+
+def _logits(ckpt: str, ids_file: str, out: str, mkl_partials: bool) -> None:
     import torch
 
     ro = _import_official()
-    _stable_topk()
+    _pin_unspecified(mkl_partials)
+    ids = torch.tensor(json.loads(Path(ids_file).read_text()), dtype=torch.long)  # [B, T]
+    batch, seqlen = ids.shape
+    model, _, _ = ro.build(Path(ckpt), max_seq_len=seqlen, quiet=True, skip_mtp=True,
+                           overrides={"max_batch_size": batch})
+    v41 = ro.v41
+    caught = {}
+    hook = model.head.register_forward_pre_hook(lambda _mod, args: caught.__setitem__("x", args[0]))
+    try:
+        with torch.inference_mode(), v41.set_dtype(torch.bfloat16):
+            model(ids, 0)
+            logits = model.head(caught["x"], full_logits=True)  # the final norm + head on every row
+    finally:
+        hook.remove()
+    assert logits.shape[:2] == ids.shape, (tuple(logits.shape), tuple(ids.shape))
+    torch.save(logits.float().contiguous(), out)
+
+
+def _forward(ckpt: str, ids_file: str, out: str, mkl_partials: bool) -> None:
+    import torch
+
+    ro = _import_official()
+    _pin_unspecified(mkl_partials)
     ids = json.loads(Path(ids_file).read_text())
     model, _, _ = ro.build(Path(ckpt), max_seq_len=len(ids), quiet=True, skip_mtp=True)
     v41 = ro.v41
@@ -170,17 +259,26 @@ def main(argv: list[str]) -> None:
     f.add_argument("ckpt")
     f.add_argument("ids_file")
     f.add_argument("out")
+    lg = sub.add_parser("logits")
+    lg.add_argument("ckpt")
+    lg.add_argument("ids_file")
+    lg.add_argument("out")
     w = sub.add_parser("write-small")
     w.add_argument("out_dir")
     w.add_argument("--max-seq-len", type=int, required=True)
-    for p in (f, w):
+    for p in (f, lg):
+        p.add_argument("--mkl-partials", action="store_true",
+                       help="leave the FP8/FP4 block partials to MKL (not pinned; module docstring)")
+    for p in (f, lg, w):
         p.add_argument("--threads", type=int, required=True)
     a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(a.threads)
     if a.cmd == "forward":
-        _forward(a.ckpt, a.ids_file, a.out)
+        _forward(a.ckpt, a.ids_file, a.out, a.mkl_partials)
+    elif a.cmd == "logits":
+        _logits(a.ckpt, a.ids_file, a.out, a.mkl_partials)
     else:
         _write_small(a.out_dir, a.max_seq_len)
 

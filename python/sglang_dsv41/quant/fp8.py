@@ -183,10 +183,11 @@ def blockwise_scaled_mm(
             acc = fp32(acc + fp32(fp32(p * a_s[m, kb]) * b_s[n, kb]))
     Every product of E4M3 x E4M3 (or E2M1 x E4M3) values is exact and a 32-term sum of them is exact
     in float64, so the partial does not depend on any kernel's order: a row's result is independent
-    of the batch and the device. DeepSeek's CPU forward adds each block's products one by one in fp32
-    instead; the two differ only in a block whose running sum needs more than 24 bits (about 1% of
-    blocks on model activations), at the last bit of that partial. Emulating the sequential adds
-    exactly costs ~20x on the CPU, so the exact partial is our fixed order.
+    of the batch and the device. DeepSeek's CPU forward sums each block with an fp32 matmul over the
+    call's rows instead, in the order MKL picks for that shape (in K order inside large calls, other
+    orders for few rows, narrow outputs and a thread's last rows: docs/numerics.md choice 4b, so its
+    rows depend on the batch); the two differ only in a block whose running sum needs more than 24
+    bits (about 1% of blocks on model activations), at the last bit of that partial.
     """
     m, k = a.shape
     n = b.shape[0]
