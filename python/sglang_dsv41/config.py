@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Mapping
 
@@ -249,6 +249,28 @@ class EngramConfig:
 
 
 @dataclass(frozen=True)
+class DSparkConfig:
+    """The DSpark drafter shipped in the checkpoint (`mtp.<k>.*`, shared/spec/dspark.md): `n_stages`
+    window-only blocks drafting `block_size` (gamma) positions per step from the mean residual stream
+    captured before each of `target_layer_ids`."""
+
+    n_stages: int
+    """num_nextn_predict_layers; stage k has layer id num_hidden_layers + k."""
+    block_size: int
+    """gamma (dspark_block_size): positions drafted per step; a verify has gamma + 1 rows."""
+    noise_token_id: int
+    target_layer_ids: tuple[int, ...]
+    markov_rank: int
+    n_routed_experts: int
+    """The stages' MoE (dspark_n_routed_experts; 0 in the config means the backbone's count)."""
+    n_activated_experts: int
+
+    @property
+    def verify_rows(self) -> int:
+        return self.block_size + 1
+
+
+@dataclass(frozen=True)
 class LayerRole:
     """What one backbone layer does in the cross-layer sharing scheme (spec attention 0.2, 5)."""
 
@@ -311,6 +333,8 @@ class ModelConfig:
     hc: HyperConnectionConfig
     engram: EngramConfig | None
     num_draft_layers: int = 0
+    dspark: DSparkConfig | None = None
+    """None: no drafter (dspark_block_size 0 or no stages); its `mtp.*` tensors are then not read."""
     image_token_id: int = 129264
     vision_n_layers: int = 0
     weight_block_size: int = 32
@@ -422,6 +446,21 @@ class ModelConfig:
                 pad_token_id=int(d.get("engram_pad_token_id", 2)),
                 compressed_vocab_size=int(d.get("engram_compressed_vocab_size", 0)),
             )
+        n_stages = int(d.get("num_nextn_predict_layers", 0) or 0)
+        dspark = None
+        if int(d.get("dspark_block_size", 0) or 0) > 0 and n_stages > 0:
+            dspark = DSparkConfig(
+                n_stages=n_stages,
+                block_size=int(d["dspark_block_size"]),
+                noise_token_id=int(d.get("dspark_noise_token_id", 0)),
+                target_layer_ids=tuple(int(x) for x in d.get("dspark_target_layer_ids", ())),
+                markov_rank=int(d.get("dspark_markov_rank", 256)),
+                n_routed_experts=int(d.get("dspark_n_routed_experts", 0) or 0) or moe.n_routed_experts,
+                n_activated_experts=int(d.get("dspark_num_experts_per_tok", 0) or 0) or moe.n_activated_experts,
+            )
+            extra = ratios[num_layers:num_layers + n_stages]
+            if any(extra):
+                raise ConfigError("compress_ratios", f"DSpark stages are window-only (ratio 0), found {list(extra)}")
         eos = d.get("eos_token_id", 1)
         eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos]))
         fmt = str(d.get("routed_experts_quant_method", "mxfp4")).lower()
@@ -436,7 +475,8 @@ class ModelConfig:
             moe=moe,
             hc=hc,
             engram=engram,
-            num_draft_layers=int(d.get("num_nextn_predict_layers", 0) or 0),
+            num_draft_layers=n_stages,
+            dspark=dspark,
             image_token_id=int(d.get("image_token_id", 129264)),
             vision_n_layers=int(d.get("vision_n_layers", 0) or 0),
             weight_block_size=block,
@@ -530,7 +570,33 @@ class ModelConfig:
                  f"{list(e.num_embeddings)} does not match the prime layout rule, which gives {list(expected)} "
                  f"for engram_vocab_size={e.vocab_size}, engram_n_heads={e.n_heads}, engram_max_ngram_size={e.max_ngram_size}")
 
+        ds = self.dspark
+        if ds is not None:
+            need(len(ds.target_layer_ids) > 0 and list(ds.target_layer_ids) == sorted(set(ds.target_layer_ids))
+                 and all(0 <= l < L for l in ds.target_layer_ids), "dspark_target_layer_ids",
+                 f"{list(ds.target_layer_ids)} must be a non-empty increasing list of layers in 0..{L - 1}")
+            need(0 <= ds.noise_token_id < self.vocab_size, "dspark_noise_token_id",
+                 f"{ds.noise_token_id} is outside the vocabulary 0..{self.vocab_size - 1}")
+            need(ds.markov_rank > 0, "dspark_markov_rank", "must be positive")
+            need(0 < ds.n_activated_experts <= ds.n_routed_experts, "dspark_num_experts_per_tok",
+                 f"{ds.n_activated_experts} must be in 1..dspark_n_routed_experts={ds.n_routed_experts}")
+
     # ---------------------------------------------------------------- derived values
+    @cached_property
+    def draft_config(self) -> "ModelConfig":
+        """The config a DSpark stage is built from: this one with the stages' expert counts."""
+        ds = self.dspark
+        if ds is None:
+            raise ConfigError("dspark_block_size", "the checkpoint has no DSpark drafter")
+        moe = replace(self.moe, n_routed_experts=ds.n_routed_experts, n_activated_experts=ds.n_activated_experts)
+        return replace(self, moe=moe)
+
+    @property
+    def draft_roles(self) -> tuple[LayerRole, ...]:
+        """One window-only role per DSpark stage (layer ids num_layers + k, plain RoPE, no Engram)."""
+        n = self.dspark.n_stages if self.dspark is not None else 0
+        return tuple(LayerRole(self.num_layers + k, 0, "plain", None, None, None, False, False) for k in range(n))
+
     @property
     def nope_head_dim(self) -> int:
         return self.attention.head_dim - self.rope.rope_head_dim

@@ -66,17 +66,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     return torch.cat([x[..., :-rd], rot], dim=-1) if x.size(-1) > rd else rot
 
 
-def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
+def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float,
+                    full_tiles: bool = True) -> torch.Tensor:
     """Per-row key lists. q bf16 [t, h, d]; keys [t, K, d] (bf16 values; K = V); valid bool [t, K];
     sink fp32 [h] -> bf16 [t, h, d] = sum_k p_k key_k / (sum_k p_k + exp(sink - max)), keys visited
     ATTN_BLOCK at a time in list order, the last tile padded with invalid keys. Invalid keys are
-    zeroed before any product (a NaN row never reaches the sums)."""
+    zeroed before any product (a NaN row never reaches the sums). `full_tiles=False`: the last tile is
+    the list's remainder (DeepSeek's DSpark lists: [context window | block], exactly that long)."""
     t, h, d = q.shape
     # Full tiles: every block reduction (sum of p, P.V) runs over exactly ATTN_BLOCK keys, invalid ones
     # exact zeros, so a row's bits do not depend on how many -1 entries pad its list (the dense KV's
     # min(topk, T) width, a paged prefill's widest row, a fixed-shape decode's capacity). torch's CPU
     # sum over a shorter dimension associates the same terms differently (docs/numerics.md).
-    pad = -keys.size(1) % ATTN_BLOCK
+    pad = -keys.size(1) % ATTN_BLOCK if full_tiles else 0
     if pad:
         keys = F.pad(keys, (0, 0, 0, pad))
         valid = F.pad(valid, (0, pad), value=False)

@@ -36,8 +36,11 @@ from sglang_dsv41.quant import fp32_pow2_to_e8m0, mxfp8_quant, quant_fp8_weight,
 from sglang_dsv41.tokenizer.tiny_tokenizer import save_tiny_tokenizer
 from sglang_dsv41.tokenizer.token_map import build_compressed_token_map
 
-GENERATOR_VERSION = 2
-"""Bumped whenever the bytes a preset produces change (cached embedded checkpoints are keyed by it)."""
+GENERATOR_VERSION = 3
+"""Bumped whenever the bytes a preset produces change (cached embedded checkpoints are keyed by it).
+3: DSpark stages (`mtp.*`) and their config fields added; every backbone tensor as in 2."""
+BACKBONE_SINCE = 2
+"""The oldest generator version whose backbone tensors (everything but `mtp.*`) equal this one's."""
 RESIDUAL_GAIN = 0.5
 HEAD_GAIN = 2.0
 _RESIDUAL_WRITERS = (".attn.wo_b.", ".w2.", ".engram.wkv.")
@@ -74,6 +77,9 @@ class Preset:
     """True: the released 40-layer roles (ratio 2 on 2-19, ratio 1 on 20-39, KV sources 2/8/14/20,
     index sources 2/8/14/20/24/28/32/36, candidates from 20, Engram on 1 and 14); the ratio2 / ratio1
     counts must then be 18 / 20."""
+    draft_stages: int = 2
+    """DSpark stages (`mtp.<k>.*`): gamma 5, targets the last three layers, half the experts."""
+    markov_rank: int = 32
 
 
 PRESETS = {
@@ -85,10 +91,11 @@ PRESETS = {
     # `mini` with one token per digit: the starting point of the trained default `deepseek-v4.1-tiny`
     # (arithmetic is far easier to learn when '312' is '3','1','2' rather than '3','12')
     "mini-digits": Preset(128, 2, 128, 64, 64, 2, 2, 64, 16, 8, 4, 8, 2, 128, 4, 4, 2, 3, 64, 503, single_digits=True),
-    "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521),
+    "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521,
+                    draft_stages=3, markov_rank=256),
     # the released layer roles and attention widths; 16 experts (top-6) so it fits one H200
     "release": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 18, 20, 8, 4, 256, 65521,
-                      release_layout=True),
+                      release_layout=True, draft_stages=3, markov_rank=256),
 }
 
 
@@ -133,7 +140,7 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
         "hidden_act": "silu",
         "swiglu_limit": 10.0,
         "tie_word_embeddings": False,
-        "compress_ratios": ratios,
+        "compress_ratios": ratios + [0] * p.draft_stages,
         "kv_source_layer_ids": kv,
         "index_source_layer_ids": index,
         "index_n_heads": p.index_heads,
@@ -161,7 +168,13 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
         "engram_vocab_size": p.engram_vocab,
         "engram_pad_token_id": 2,
         "engram_compressed_vocab_size": compressed_vocab,
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": p.draft_stages,
+        "dspark_block_size": 5 if p.draft_stages else 0,
+        "dspark_noise_token_id": vocab - 2,
+        "dspark_target_layer_ids": list(range(max(0, len(ratios) - 3), len(ratios))),
+        "dspark_markov_rank": p.markov_rank,
+        "dspark_n_routed_experts": max(1, p.experts // 2),
+        "dspark_num_experts_per_tok": max(1, p.top_k // 2),
         "image_token_id": vocab - 1,
         "bos_token_id": 0,
         "eos_token_id": 1,

@@ -102,9 +102,17 @@ def test_corruption_names_the_tensor(tmp_path, tiny_dir, cfg, tensors, edit, mes
 
 
 def test_release_only_tensors_are_skipped(tmp_path, tiny_dir, cfg, tensors):
-    path = _corrupt(tmp_path, tiny_dir, tensors, lambda t: t.update({"mtp.0.attn.wq_a.weight": torch.zeros(2),
+    """Vision tensors and DSpark stages the config does not build are skipped; the stages it builds
+    are validated like the backbone's."""
+    extra = f"mtp.{cfg.dspark.n_stages}.attn.wq_a.weight"
+    path = _corrupt(tmp_path, tiny_dir, tensors, lambda t: t.update({extra: torch.zeros(2),
                                                                       "layers.0.ffn.gate.bias_vl": torch.zeros(2)}))
-    assert "mtp.0.attn.wq_a.weight" not in read_tensors(path, cfg, progress=False)
+    loaded = read_tensors(path, cfg, progress=False)
+    assert extra not in loaded and "mtp.0.attn.wq_a.weight" in loaded and "mtp.1.markov_head.head.weight" in loaded
+    (tmp_path / "bad").mkdir()
+    path = _corrupt(tmp_path / "bad", tiny_dir, tensors, lambda t: t.update({"mtp.0.main_proj.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match="mtp.0.main_proj.weight"):
+        read_tensors(path, cfg, progress=False)
 
 
 def test_packed_experts_accept_u8(tmp_path, tiny_dir, cfg, tensors):

@@ -14,6 +14,17 @@ size, default dtype, the shared attention state), so every official model lives 
     python official_capture.py logits CKPT IDS_JSON OUT_PT --threads N [--mkl-partials]
         one batched official prefill over B prompts of T tokens (IDS_JSON: [B][T]) -> torch.save(
           fp32 [B, T, vocab]: the official final norm + head on every row, one head GEMM)
+    python official_capture.py spec CKPT IDS_JSON OUT_PT --prefill P --threads N
+        the official DSpark step at every position i = P .. T-1 (temperature 0) over ONE official
+        prefill of all T ids (its logits and drafter input of every row): forward_spec(start_pos 0)
+        seeds the drafter's windows with rows < i, forward_spec(argmax of row i, main_hidden[i], i)
+        drafts. (DeepSeek's own decode step, model(ids[i], i) after a prefill, and prefills of other
+        lengths give target rows that differ from this prefill's, by up to 1.09 on the tiny preset;
+        the single prefill is the oracle our forward matches, test_official_forward.py.) Its fp32
+        GEMMs run as 64-row tiles (`_row_tiled_fp32_gemms`, docs/numerics.md choice 4).
+        -> torch.save({"ids": int64 [n, gamma + 1] (anchor, drafts),
+          "logits": fp32 [n, gamma, vocab] (step logits), "confidence": fp32 [n, gamma],
+          "target": fp32 [n, vocab] (the decode step's logits)})
     python official_capture.py write-small DIR --max-seq-len N
         testing.build_small_model(small_model_args(max_seq_len=N), seed=7) written by
         check_run_official.write_checkpoint, with to_hf(args) as config.json and
@@ -74,34 +85,13 @@ class Worker:
             raise RuntimeError(f"official worker failed ({self.what}, exit {self.proc.returncode}):\n{out[-5000:]}")
 
 
-class OfficialForward:
-    """The official forward on checkpoint `ckpt`, started in the background (module docstring);
-    `result()` waits for it: {"logits", "routed_experts", "topk", "candidates"}."""
+class _Background:
+    """A worker command writing `out` (torch.save), started at once; `result()` waits and loads it."""
 
-    def __init__(self, ckpt: Path, ids: list[int], workdir: Path, threads: int):
-        self.ids_file, self.out = workdir / "official_ids.json", workdir / "official_out.pt"
-        self.ids_file.write_text(json.dumps([int(t) for t in ids]))
-        self.worker = Worker(["forward", str(ckpt), str(self.ids_file), str(self.out)], threads)
-        self._result = None
-
-    def result(self) -> dict:
-        import torch
-
-        if self._result is None:
-            self.worker.wait()
-            self._result = torch.load(self.out)
-        return self._result
-
-
-class OfficialLogits:
-    """The official batched prefill of `prompts` ([B][T] ids) on checkpoint `ckpt`, started in the
-    background; `result()` waits for it: fp32 logits [B, T, vocab]."""
-
-    def __init__(self, ckpt: Path, prompts: list[list[int]], workdir: Path, threads: int, mkl_partials: bool = False):
-        self.ids_file, self.out = workdir / "official_prompts.json", workdir / "official_logits.pt"
-        self.ids_file.write_text(json.dumps([[int(t) for t in row] for row in prompts]))
-        extra = ["--mkl-partials"] if mkl_partials else []
-        self.worker = Worker(["logits", str(ckpt), str(self.ids_file), str(self.out), *extra], threads)
+    def __init__(self, cmd: str, ckpt: Path, ids, workdir: Path, name: str, threads: int, extra: list[str] = ()):
+        self.ids_file, self.out = workdir / f"official_{name}_ids.json", workdir / f"official_{name}.pt"
+        self.ids_file.write_text(json.dumps(ids))
+        self.worker = Worker([cmd, str(ckpt), str(self.ids_file), str(self.out), *extra], threads)
         self._result = None
 
     def result(self):
@@ -111,6 +101,30 @@ class OfficialLogits:
             self.worker.wait()
             self._result = torch.load(self.out)
         return self._result
+
+
+class OfficialForward(_Background):
+    """The official forward on checkpoint `ckpt` (module docstring, `forward`); `result()`:
+    {"logits", "routed_experts", "topk", "candidates"}."""
+
+    def __init__(self, ckpt: Path, ids: list[int], workdir: Path, threads: int):
+        super().__init__("forward", ckpt, [int(t) for t in ids], workdir, "forward", threads)
+
+
+class OfficialLogits(_Background):
+    """The official batched prefill of `prompts` ([B][T] ids) on checkpoint `ckpt` (`logits`);
+    `result()`: fp32 logits [B, T, vocab]."""
+
+    def __init__(self, ckpt: Path, prompts: list[list[int]], workdir: Path, threads: int, mkl_partials: bool = False):
+        super().__init__("logits", ckpt, [[int(t) for t in row] for row in prompts], workdir, "logits", threads,
+                         ["--mkl-partials"] if mkl_partials else [])
+
+
+class OfficialSpec(_Background):
+    """The official DSpark steps on `ckpt` over `ids` at positions prefill .. T-1 (`spec`)."""
+
+    def __init__(self, ckpt: Path, ids: list[int], prefill: int, workdir: Path, threads: int):
+        super().__init__("spec", ckpt, [int(t) for t in ids], workdir, "spec", threads, ["--prefill", str(prefill)])
 
 
 def write_official_small(out_dir: Path, max_seq_len: int, threads: int) -> Path:
@@ -168,6 +182,29 @@ def _exact_block_partials():
             torch.Tensor.__matmul__ = plain
 
     kernel_cpu._block_scaled_gemm = pinned
+
+
+def _row_tiled_fp32_gemms():
+    """Every fp32 x fp32 `F.linear` of the process (mHC mixes, router, head, the DSpark Markov and
+    confidence heads) runs as GEMMs of exactly 64 rows, the last tile zero-padded: our documented
+    batch-invariant order (docs/numerics.md choice 4). MKL picks the summation order by the call's
+    shape; at the prompt lengths of a prefill it agrees with the 64-row tiles, at a draft step's
+    gamma rows it does not (one fp32 ulp in the mHC mixes of the tiny preset's second stage)."""
+    import torch
+    import torch.nn.functional as F
+
+    plain = F.linear
+
+    def tiled(x, w, bias=None):
+        if bias is not None or x.dtype != torch.float32 or w.dtype != torch.float32:
+            return plain(x, w, bias)
+        flat = x.reshape(-1, x.size(-1))
+        n = flat.size(0)
+        flat = F.pad(flat, (0, 0, 0, -n % 64))
+        out = torch.cat([plain(t, w) for t in flat.split(64)])[:n]
+        return out.reshape(*x.shape[:-1], w.size(0))
+
+    F.linear = tiled
 
 
 def _pin_unspecified(mkl_partials: bool = False):
@@ -236,6 +273,32 @@ def _forward(ckpt: str, ids_file: str, out: str, mkl_partials: bool) -> None:
     torch.save({"logits": logits.float(), **got}, out)
 
 
+def _spec(ckpt: str, ids_file: str, out: str, prefill: int) -> None:
+    import torch
+
+    ro = _import_official()
+    _pin_unspecified()
+    _row_tiled_fp32_gemms()
+    ids = torch.tensor(json.loads(Path(ids_file).read_text()), dtype=torch.long).view(1, -1)
+    # block rows reach T - 1 + gamma: the caches and RoPE table are sized past T
+    model, _, _ = ro.build(Path(ckpt), max_seq_len=ids.size(1) + 64, quiet=True, overrides={"temperature": 0.0})
+    v41 = ro.v41
+    caught = {}
+    model.head.register_forward_pre_hook(lambda _mod, args: caught.__setitem__("x", args[0]))
+    got: dict[str, list] = {"ids": [], "logits": [], "confidence": [], "target": []}
+    with torch.inference_mode(), v41.set_dtype(torch.bfloat16):
+        # the target's rows: ONE official prefill of every id (module docstring)
+        _, _, main_hidden = model(ids, 0)
+        target = model.head(caught["x"], full_logits=True)[0]  # the final norm + head on every row
+        for i in range(prefill, ids.size(1)):
+            anchor = target[i].argmax().view(1)
+            model.forward_spec(anchor, main_hidden[:, :i], 0)  # seeds every stage's window with rows < i
+            draft_ids, step_logits, confidence = model.forward_spec(anchor, main_hidden[:, i : i + 1], i)
+            for k, v in zip(got, (draft_ids[0], step_logits[0], confidence[0], target[i])):
+                got[k].append(v.clone())
+    torch.save({k: torch.stack(v) for k, v in got.items()}, out)
+
+
 def _write_small(out_dir: str, max_seq_len: int) -> None:
     ro = _import_official()
     import check_run_official as cro
@@ -263,13 +326,18 @@ def main(argv: list[str]) -> None:
     lg.add_argument("ckpt")
     lg.add_argument("ids_file")
     lg.add_argument("out")
+    sp = sub.add_parser("spec")
+    sp.add_argument("ckpt")
+    sp.add_argument("ids_file")
+    sp.add_argument("out")
+    sp.add_argument("--prefill", type=int, required=True)
     w = sub.add_parser("write-small")
     w.add_argument("out_dir")
     w.add_argument("--max-seq-len", type=int, required=True)
     for p in (f, lg):
         p.add_argument("--mkl-partials", action="store_true",
                        help="leave the FP8/FP4 block partials to MKL (not pinned; module docstring)")
-    for p in (f, lg, w):
+    for p in (f, lg, sp, w):
         p.add_argument("--threads", type=int, required=True)
     a = ap.parse_args(argv)
     import torch
@@ -279,6 +347,8 @@ def main(argv: list[str]) -> None:
         _forward(a.ckpt, a.ids_file, a.out, a.mkl_partials)
     elif a.cmd == "logits":
         _logits(a.ckpt, a.ids_file, a.out, a.mkl_partials)
+    elif a.cmd == "spec":
+        _spec(a.ckpt, a.ids_file, a.out, a.prefill)
     else:
         _write_small(a.out_dir, a.max_seq_len)
 

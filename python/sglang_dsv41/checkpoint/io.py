@@ -123,6 +123,8 @@ def check_finite(name: str, t: torch.Tensor, where: str) -> None:
 
 def _spec_of(schema: dict[str, TensorSpec], name: str, where: str) -> TensorSpec | None:
     """The tensor's spec; None for release-only tensors we skip; CheckpointError if unexpected."""
+    if name in schema:
+        return schema[name]
     if is_ignored(name):
         return None
     if name not in schema:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from sglang_dsv41.config import ModelConfig
 
-# Tensors of the released checkpoint that this text-only model does not use (DSpark draft stages,
-# vision tower, vision routing bias). They are skipped on load, never an "unexpected tensor" error.
+# Tensors of the released checkpoint that this text-only model does not use (vision tower, vision
+# routing bias; DSpark stages when the config has no drafter). Skipped on load, never an "unexpected
+# tensor" error. A name the schema lists is never ignored.
 IGNORED_PREFIXES = ("mtp.", "vision.", "aligner.", "image_start", "image_end", "image_newline")
 IGNORED_SUFFIXES = (".gate.bias_vl",)
 
@@ -63,8 +64,8 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
     H, a, c, m, hc = cfg.hidden_size, cfg.attention, cfg.compression, cfg.moe, cfg.hc
     D = a.head_dim
     add("embed.weight", (cfg.vocab_size, H), "BF16")
-    for role in cfg.layer_roles:
-        p = f"layers.{role.layer_id}"
+
+    def block(p: str, role, m) -> None:  # one decoder block's tensors under prefix p
         add(f"{p}.attn_norm.weight", (H,), "BF16")
         add(f"{p}.ffn_norm.weight", (H,), "BF16")
         for site in ("attn", "ffn"):
@@ -111,6 +112,23 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
             fp8(f"{p}.engram.wkv", (hc.hc_mult + 1) * H, e.n_hash_cols * e.head_dim)
             add(f"{p}.engram.q_weight", (hc.hc_mult, H), "BF16")
             add(f"{p}.engram.k_weight", (hc.hc_mult, H), "BF16")
+
+    for role in cfg.layer_roles:
+        block(f"layers.{role.layer_id}", role, m)
     add("norm.weight", (H,), "BF16")
     add("head.weight", (cfg.vocab_size, H), "BF16")
+    ds = cfg.dspark
+    if ds is not None:  # DSpark stages: backbone blocks (window-only, the stages' experts) + their heads
+        dm = cfg.draft_config.moe
+        for k, role in enumerate(cfg.draft_roles):
+            p = f"mtp.{k}"
+            block(p, role, dm)
+            if k == 0:
+                fp8(f"{p}.main_proj", H, H * len(ds.target_layer_ids))
+                add(f"{p}.main_norm.weight", (H,), "BF16")
+            if k == ds.n_stages - 1:
+                add(f"{p}.norm.weight", (H,), "BF16")
+                add(f"{p}.markov_head.embed.weight", (cfg.vocab_size, ds.markov_rank), "BF16")
+                add(f"{p}.markov_head.head.weight", (cfg.vocab_size, ds.markov_rank), "BF16")
+                add(f"{p}.confidence_head.proj.weight", (1, H + ds.markov_rank), "BF16")
     return out

@@ -15,12 +15,14 @@ from sglang_dsv41.shared_math import attend_gathered
 
 
 def sparse_attention(
-    q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor, scale: float, chunk: int = 256
+    q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor, scale: float, chunk: int = 256,
+    full_tiles: bool = True,
 ) -> torch.Tensor:
-    """q [T, h, d] bf16, kv [N, d] bf16, sink [h] fp32, idx [T, K] int (-1 = none) -> bf16 [T, h, d]."""
+    """q [T, h, d] bf16, kv [N, d] bf16, sink [h] fp32, idx [T, K] int (-1 = none) -> bf16 [T, h, d].
+    `full_tiles=False`: a last partial block of K % 64 keys (attend_gathered)."""
     out = []
     for s in range(0, q.size(0), chunk):
         i = idx[s : s + chunk].long()
         valid = i >= 0
-        out.append(attend_gathered(q[s : s + chunk], kv[i.clamp_min(0)], valid, sink, scale))
+        out.append(attend_gathered(q[s : s + chunk], kv[i.clamp_min(0)], valid, sink, scale, full_tiles))
     return torch.cat(out) if out else q.new_zeros(q.shape)

@@ -24,6 +24,7 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.decisions import Decisions
+from sglang_dsv41.layers.dspark import DraftStage, stream_mean
 from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, fp32_linear
 from sglang_dsv41.layers.mhc import collapse, identity_pre
@@ -64,6 +65,9 @@ class ForwardOutput:
     decisions: Decisions
     tail_rows: torch.Tensor | None = None
     """int64 [n] the rows that ran the layers after a decoder-tail narrowing (None: every row)."""
+    draft_hidden: torch.Tensor | None = None
+    """With `capture_draft`: bf16 [n, H * n_targets], the stream means before each DSpark target layer
+    of every row that ran the last layer (positions: `kv.positions` after the forward)."""
 
 
 class DeepseekV41(nn.Module):
@@ -77,6 +81,8 @@ class DeepseekV41(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, role) for role in cfg.layer_roles)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = Head(cfg.vocab_size, cfg.hidden_size)
+        # DSpark stages (`mtp.<k>`, layers/dspark.py); they share the embedding and the head
+        self.mtp = nn.ModuleList(DraftStage(cfg, role) for role in cfg.draft_roles)
         # Engram compressed-token map (token id -> class), from the tokenizer; not a checkpoint tensor.
         self.register_buffer("engram_token_map", torch.zeros(0, dtype=torch.int64), persistent=False)
         self.hasher: EngramHasher | None = None
@@ -92,9 +98,11 @@ class DeepseekV41(nn.Module):
         self.engram_token_map = token_map.to(torch.int64).to(self.embed.weight.device)
         self.hasher = EngramHasher(e, self.engram_token_map) if e is not None else None
 
-    def forward(self, input_ids: torch.Tensor, kv: KV, replay: Decisions | None = None) -> ForwardOutput:
+    def forward(self, input_ids: torch.Tensor, kv: KV, replay: Decisions | None = None,
+                capture_draft: bool = False) -> ForwardOutput:
         """input_ids int64 [N] (the KV's rows, in its order) -> fp32 logits of `kv.logits_rows()`
-        plus the decisions taken (or forced from `replay`)."""
+        plus the decisions taken (or forced from `replay`); `capture_draft` also returns the DSpark
+        drafter's input of every remaining row (`ForwardOutput.draft_hidden`)."""
         cfg, dec = self.cfg, Decisions()
         if cfg.engram is not None and self.hasher is None:
             raise RuntimeError("Engram model without a token map: call set_token_map (load_model does)")
@@ -102,6 +110,8 @@ class DeepseekV41(nn.Module):
         streams = self.embed(input_ids).unsqueeze(1).repeat(1, cfg.hc.hc_mult, 1)  # [N, n, H]
         pre = identity_pre(input_ids.numel(), cfg.hc.hc_mult, input_ids.device)
         kept = None
+        targets = set(cfg.dspark.target_layer_ids) if capture_draft and cfg.dspark is not None else set()
+        captured: list[torch.Tensor] = []
         for layer in self.layers:
             lid = layer.role.layer_id
             if layer.engram is not None:
@@ -114,7 +124,12 @@ class DeepseekV41(nn.Module):
                     kept = keep
                     streams, pre = streams[keep], pre[keep]
                     hash_ids = hash_ids[keep] if hash_ids is not None else None
+                    captured = [c[keep] for c in captured]
+            if lid in targets:  # the drafter reads the input of its target layers (after Engram)
+                captured.append(stream_mean(streams))
             streams, pre = layer(streams, pre, kv, dec, replay)
         rows = kv.logits_rows()
         logits = self.head(self.norm(self.mhc_collapse(streams[rows], pre[rows])))
-        return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec, tail_rows=kept)
+        hidden = torch.cat(captured, dim=-1) if captured else None
+        return ForwardOutput(logits=logits, positions=kv.positions[rows], decisions=dec, tail_rows=kept,
+                             draft_hidden=hidden)

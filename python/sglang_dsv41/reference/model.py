@@ -13,12 +13,15 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.layers.decisions import Decisions
+from sglang_dsv41.layers.dspark import DraftOutput, add_context, draft, greedy
 from sglang_dsv41.layers.transformer import DeepseekV41, ForwardOutput
+from sglang_dsv41.reference.dense_draft_kv import DenseDraftKV
 from sglang_dsv41.reference.dense_kv import DenseKV, window_indices
 
 ReferenceOutput = ForwardOutput
 
-__all__ = ["Decisions", "DenseKV", "ReferenceModel", "ReferenceOutput", "window_indices"]
+__all__ = ["Decisions", "DenseDraftKV", "DenseKV", "ReferenceDrafter", "ReferenceModel", "ReferenceOutput",
+           "window_indices"]
 
 
 class ReferenceModel:
@@ -46,3 +49,28 @@ class ReferenceModel:
             return self.model(ids[kv.start:], kv, replay)
         kv = DenseKV(self.cfg, ids.numel(), ids.device, tail_replay=decoder_tail_replay, chunk=chunk)
         return self.model(ids, kv, replay)
+
+
+class ReferenceDrafter:
+    """DSpark's draft steps over one whole sequence (the oracle of layers/dspark.py): one dense
+    forward gives every row's drafter input, all rows become context, then the steps ending at
+    `last` positions draft at once (each sees only its own context, DenseDraftKV)."""
+
+    def __init__(self, model: DeepseekV41):
+        if model.cfg.dspark is None:
+            raise ValueError("the checkpoint has no DSpark drafter (dspark_block_size 0)")
+        self.model, self.cfg = model, model.cfg
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, last: torch.Tensor, anchors: torch.Tensor | None = None,
+                choose=greedy) -> tuple[DraftOutput, ForwardOutput]:
+        """token_ids int [T] from position 0; last int [S] positions < T -> (the draft of each step,
+        the target forward). Anchors default to the target's greedy token after each `last`."""
+        ids = token_ids.to(self.model.embed.weight.device).long()
+        out = self.model(ids, DenseKV(self.cfg, ids.numel(), ids.device), capture_draft=True)
+        kv = DenseDraftKV(self.cfg, ids.device)
+        add_context(self.model.mtp, out.draft_hidden, out.positions, kv)
+        last = last.to(ids.device).long()
+        if anchors is None:
+            anchors = out.logits[last].argmax(dim=-1)
+        return draft(self.model, anchors.to(ids.device).long(), kv.steps(last), choose), out
