@@ -67,6 +67,10 @@ class Batch:
     requests, which come first). Padding rows still run (fixed shapes) but store nothing: no window
     KV, compressed KV or index keys (slot -1) and no pending pair state (they repeat row 0's write).
     Needs at least one real row. None: every row is real."""
+    verify: bool = False
+    """A DSpark chain verify (runtime/speculative.py): gamma + 1 rows per request, some of which will
+    be rejected. It parks no ratio-2 pending pair (the commit parks the last committed even row's,
+    from `PagedKV.pair_state`) and never narrows to a decoder tail (its rows are decode rows)."""
 
     @property
     def seq_ends(self) -> torch.Tensor:

@@ -56,19 +56,22 @@ class Sequence:
 class Driver:
     def __init__(self, model: DeepseekV41, max_tokens: int, max_requests: int, page_size: int = 64,
                  device: str | torch.device = "cpu", poison: bool = False, ops=None,
-                 decoder_replay: bool = False, encoder_replay: bool = False, graphs: bool = False):
+                 decoder_replay: bool = False, encoder_replay: bool = False, graphs: bool = False,
+                 speculative: bool = False):
         """`ops`: the paged KV's op table (default: registry ops). Kernels for the model's own slots
         are the caller's choice (`apply_numerics(model, NumericsPolicy.kernels(table))`), as `main` does on CUDA.
         `decoder_replay` / `encoder_replay`: the SWA bounded-replay modes (spec attention 7).
         `graphs`: decode steps run as fixed-shape `DecodeGraph`s, one per (batch size, capacity),
-        captured on CUDA (run eagerly elsewhere); False: the eager step with the batch's own shapes."""
+        captured on CUDA (run eagerly elsewhere); False: the eager step with the batch's own shapes.
+        `speculative`: pools for DSpark (KVPools(speculative=True)); runtime/speculative.py drives them."""
         if graphs and encoder_replay:
             raise ValueError("decode graphs (the default; --no-graph turns them off) need per-token window "
                              "pools: --encoder-replay runs with --no-graph")
         self.model, self.device = model, device
         self.page_size = page_size
         num_slots = -(-max_tokens // page_size) * page_size + page_size
-        self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison, window_rings=encoder_replay)
+        self.pools = KVPools(model.cfg, num_slots, max_requests, device, poison=poison, window_rings=encoder_replay,
+                             speculative=speculative)
         self.alloc = PageAllocator(num_slots, page_size)
         self.runtime = Runtime(model, self.pools, ops, decoder_replay=decoder_replay)
         self.max_requests = max_requests

@@ -59,6 +59,8 @@ class PagedKV:
             pools.reserve_workspace(batch.num_rows)
         self._rows_changed()
         self.written: set[int] = set()
+        self.pair_state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Verify batches: ratio-2 source -> (kv, score) fp32 [N, D] of every row (what a commit parks)."""
 
     def _rows_changed(self) -> None:
         self.window_slots, self.window_out = self._window_slots()
@@ -182,9 +184,12 @@ class PagedKV:
             sc_even = torch.where(from_pending.unsqueeze(-1), pend[:, 1], score[prev])
             latent = comp.pool(torch.stack([kv_even, kv[rows]], 1).flatten(0, 1),
                                torch.stack([sc_even, score[rows]], 1).flatten(0, 1))
-            last = torch.cumsum(b.extend_lens, 0) - 1
-            parks = last[b.positions[last] % 2 == 0]  # requests ending on an even position
-            self.pools.pending[lid][b.req_slots[b.req_index[parks]]] = torch.stack([kv[parks], score[parks]], 1)
+            if b.verify:  # rows may be rejected: the commit parks the pending pair
+                self.pair_state[lid] = (kv, score)
+            else:
+                last = torch.cumsum(b.extend_lens, 0) - 1
+                parks = last[b.positions[last] % 2 == 0]  # requests ending on an even position
+                self.pools.pending[lid][b.req_slots[b.req_index[parks]]] = torch.stack([kv[parks], score[parks]], 1)
         if rows.numel() == 0:
             return
         c_slots = b.out_slots[rows] // r

@@ -31,6 +31,12 @@ class Runtime:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, replay: Decisions | None = None) -> ForwardOutput:
-        extends = batch.num_rows > batch.req_slots.numel()  # some request has more than one new row
+        return self.run(batch, replay)[0]
+
+    @torch.inference_mode()
+    def run(self, batch: Batch, replay: Decisions | None = None, capture_draft: bool = False) -> tuple[ForwardOutput, PagedKV]:
+        """`forward`, also returning the PagedKV (its `pair_state` after a verify) and, with
+        `capture_draft`, the DSpark drafter's input of the remaining rows (`ForwardOutput.draft_hidden`)."""
+        extends = batch.num_rows > batch.req_slots.numel() and not batch.verify  # a prefill-like forward
         kv = PagedKV(self.cfg, self.pools, batch, self.ops, decoder_replay=self.decoder_replay and extends)
-        return self.model(batch.input_ids, kv, replay)
+        return self.model(batch.input_ids, kv, replay, capture_draft=capture_draft), kv

@@ -24,17 +24,25 @@ from sglang_dsv41.config import ModelConfig
 
 class KVPools:
     def __init__(self, cfg: ModelConfig, num_slots: int, num_req_slots: int, device: str | torch.device = "cpu",
-                 poison: bool = False, window_rings: bool = False, workspace_rows: int = 0):
+                 poison: bool = False, window_rings: bool = False, workspace_rows: int = 0, speculative: bool = False):
         """`poison` fills never-written bytes with 0xFF (NaN in FP8/E8M0) so a wrong read shows up.
         `window_rings`: window KV in per-request rings plus a workspace of `workspace_rows` rows (grown
-        on demand by `reserve_workspace`)."""
+        on demand by `reserve_workspace`). `speculative` (DSpark): one more window pool per draft stage
+        (`window[num_layers + k]`, the stage's context rows, same placement as the backbone's) and
+        rings of window + gamma + 1 positions, so a verify's gamma + 1 optimistic rows never overwrite
+        a position still inside the window of the committed ones."""
         self.cfg, self.num_slots, self.num_req_slots = cfg, num_slots, num_req_slots
         self.device, self.fill = device, 0xFF if poison else 0
         self.window_rings = window_rings
-        self.ring_capacity = cfg.attention.window_size if window_rings else 0
+        if speculative and cfg.dspark is None:
+            raise ValueError("speculative pools need a checkpoint with a DSpark drafter")
+        self.draft_stages = cfg.dspark.n_stages if speculative else 0
+        extra = cfg.dspark.verify_rows if speculative else 0
+        self.ring_capacity = cfg.attention.window_size + extra if window_rings else 0
         D, di = cfg.attention.head_dim, cfg.compression.index_head_dim
         window_rows = num_req_slots * self.ring_capacity + workspace_rows if window_rings else num_slots
-        self.window = [self._pool(window_rows, cfg.window_kv_bytes_per_token) for _ in range(cfg.num_layers)]
+        self.window = [self._pool(window_rows, cfg.window_kv_bytes_per_token)
+                       for _ in range(cfg.num_layers + self.draft_stages)]
         self.compressed: dict[int, torch.Tensor] = {}
         self.index_keys: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}

@@ -1,0 +1,236 @@
+"""DSpark speculative decoding over the paged runtime (shared/spec/dspark.md; docs/dspark.md).
+
+    spec = SpecDecoder(driver)                       # driver = Driver(model, ..., speculative=True)
+    new, stats = spec.generate(prompts, max_new)     # the same tokens as driver.generate (greedy)
+
+One step per batch of requests, each with `cached` tokens in the pools and its anchor (the token
+the target produced last, not yet in the pools) at position p = cached:
+  draft    the drafter over the anchor + gamma - 1 noise ids at p .. p+gamma-1 (block positions
+           p+1 ..; its context ends at p - 1): gamma drafted ids and their distributions
+  verify   ONE target forward over [anchor, d_1 .. d_gamma] at p .. p+gamma (Batch.verify), logits
+           of every row and the drafter's input of every row
+  accept   greedy or chain rejection sampling (runtime/acceptance.py): k drafts accepted, k + 1 tokens
+           emitted (truncated at EOS and at max_new)
+  commit   rows 0 .. k are the request's: cached += k + 1; each ratio-2 KV source parks the pair
+           state of the last committed even position (Batch.verify parks none); the committed rows'
+           drafter inputs become context rows of every stage. Rejected rows' window KV, compressed
+           KV and index keys stay in slots past the committed length, where no row reads before a
+           later forward rewrites them; rings hold window + gamma + 1 positions, so a rejected row
+           never overwrites a position a committed row still reads (KVPools(speculative=True)).
+After any sequence of steps the pools hold, at every committed position, the bytes a plain decode
+of the same tokens writes (test/runtime/test_speculative.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from sglang_dsv41.layers.dspark import add_context, draft, greedy
+from sglang_dsv41.runtime.acceptance import accept_greedy, accept_sampled, distribution
+from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.driver import Driver, Sequence
+from sglang_dsv41.runtime.paged_draft_kv import PagedDraftKV
+
+Propose = Callable[[list[Sequence], torch.Tensor], torch.Tensor]
+"""(sequences, drafted ids int64 [B, gamma + 1]) -> the ids to verify (a scripted drafter, tests)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    """0: greedy (argmax drafts, greedy acceptance)."""
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class SpecStats:
+    verifies: int = 0
+    committed: int = 0
+    """Tokens emitted by verifies (accepted drafts + bonus tokens)."""
+    accepted_at: list[int] = field(default_factory=list)
+    """accepted_at[i]: verifies whose draft i + 1 was accepted."""
+    decode_s: float = 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Committed tokens per verify, bonus included (SGLang's `accept len`)."""
+        return self.committed / max(self.verifies, 1)
+
+
+def forced_accepts(mean: float, step: int) -> int:
+    """Drafts accepted at verify `step` so that the first n steps accept floor(n * mean) in all: a
+    deterministic schedule with the given mean (2.5 -> 2, 3, 2, 3, ...)."""
+    return int((step + 1) * mean + 1e-9) - int(step * mean + 1e-9)
+
+
+class SpecDecoder:
+    def __init__(self, driver: Driver):
+        cfg = driver.model.cfg
+        if cfg.dspark is None or driver.pools.draft_stages != cfg.dspark.n_stages:
+            raise ValueError("speculative decoding needs a DSpark checkpoint and Driver(..., speculative=True)")
+        self.drv, self.model, self.cfg = driver, driver.model, cfg
+        self.gamma = cfg.dspark.block_size
+        self.ops = driver.runtime.ops
+
+    # ------------------------------------------------------------------ pieces
+    def _batch(self, seqs: list[Sequence], rows: list[list[int]], starts: list[int], length: int, verify: bool,
+               all_logits: bool, replay_lens: list[int] | None = None) -> Batch:
+        ngram = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
+        table = self.drv._table(seqs, length)
+        b = Batch.build(rows, starts, table, [s.req_slot for s in seqs],
+                        [s.tokens[max(0, a - ngram): a] for s, a in zip(seqs, starts)], all_logits=all_logits,
+                        device=self.drv.device, history_width=ngram, replay_lens=replay_lens)
+        if verify:
+            from dataclasses import replace
+
+            b = replace(b, verify=True)
+        return b
+
+    def _context(self, batch: Batch, hidden: torch.Tensor, positions: torch.Tensor, req: torch.Tensor) -> None:
+        """Rows (positions, requests of `batch`) with drafter inputs `hidden` -> every stage's context."""
+        dkv = PagedDraftKV.for_context(self.drv.pools, batch.token_table, batch.req_slots, self.ops, positions, req)
+        add_context(self.model.mtp, hidden, positions, dkv)
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence], chunk: int) -> dict[int, torch.Tensor]:
+        """Chunked prefill with the drafter's capture -> last logits row per request slot."""
+        W, last = self.cfg.attention.window_size, {}
+        while any(s.cached < s.prefill_len for s in seqs):
+            active, counts, budget = [], [], chunk
+            for s in seqs:
+                c = min(s.prefill_len - s.cached, max(budget, 0))
+                if c > 0:
+                    active.append(s)
+                    counts.append(c)
+                    budget -= c
+            rep = [min(s.cached, W) if self.drv.encoder_replay and not s.window_ready else 0 for s in active]
+            starts = [s.cached - r for s, r in zip(active, rep)]
+            batch = self._batch(active, [s.tokens[a: s.cached + c] for s, a, c in zip(active, starts, counts)], starts,
+                                max(s.cached + c for s, c in zip(active, counts)), False, False, rep)
+            out, kv = self.drv.runtime.run(batch, capture_draft=True)
+            self._context(batch, out.draft_hidden, kv.positions, kv.req)
+            for s, c, row in zip(active, counts, out.logits):
+                s.cached += c
+                s.window_ready = True
+                if s.cached == s.prefill_len:
+                    last[s.req_slot] = row
+        return last
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Sequence], sampling: Sampling, gen: torch.Generator | None,
+             propose: Propose | None, forced: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft + verify of `seqs` (each with its anchor as tokens[cached]) -> (accepted [B],
+        tokens [B, gamma + 1]); the caller commits. `forced`: every request accepts exactly that many
+        drafts whatever they are (speed measurements on random weights, `simulate_accept`)."""
+        g, dev = self.gamma, self.drv.device
+        anchors = torch.tensor([s.tokens[s.cached] for s in seqs], dtype=torch.int64, device=dev)
+        table = self.drv._table(seqs, max(s.cached + g + 1 for s in seqs))
+        slots = torch.tensor([s.req_slot for s in seqs], dtype=torch.int64, device=dev)
+        last = torch.tensor([s.cached - 1 for s in seqs], dtype=torch.int64, device=dev)
+        dkv = PagedDraftKV.for_draft(self.drv.pools, table.to(dev), slots, self.ops, last)
+        if sampling.temperature > 0:
+            t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
+
+            def choose(logits, _i):
+                return torch.multinomial(distribution(logits, t, k, p), 1, generator=gen)[:, 0]
+        else:
+            choose = greedy
+        d = draft(self.model, anchors, dkv, choose)
+        ids = d.ids if propose is None else propose(seqs, d.ids).to(dev)
+        batch = self._batch(seqs, ids.tolist(), [s.cached for s in seqs], max(s.cached + g + 1 for s in seqs),
+                            True, True)
+        out, kv = self.drv.runtime.run(batch, capture_draft=True)
+        logits = out.logits.view(len(seqs), g + 1, -1)
+        if sampling.temperature > 0:
+            if propose is not None:
+                raise ValueError("a scripted drafter has no draft distribution: sample with the model's drafter")
+            t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
+            accepted, tokens = accept_sampled(ids, distribution(d.logits, t, k, p), distribution(logits, t, k, p), gen)
+        else:
+            accepted, tokens = accept_greedy(ids, logits)
+            if forced is not None:  # the drafts themselves are committed, then the target's next token
+                accepted = torch.full_like(accepted, min(forced, g))
+                tokens = torch.cat([ids[:, 1:], tokens[:, -1:]], 1)
+                tokens[:, forced] = logits[:, forced].argmax(-1)
+        self._commit(seqs, batch, out.draft_hidden, kv, accepted)
+        return accepted, tokens
+
+    def _commit(self, seqs, batch: Batch, hidden: torch.Tensor, kv, accepted: torch.Tensor) -> None:
+        """Rows 0 .. accepted[b] of request b become its committed positions (module docstring)."""
+        g1, dev = self.gamma + 1, batch.positions.device
+        keep = torch.arange(g1, device=dev).unsqueeze(0) <= accepted.to(dev).unsqueeze(-1)  # [B, g+1]
+        rows = torch.nonzero(keep.flatten()).flatten()
+        self._context(batch, hidden[rows], batch.positions[rows], batch.req_index[rows])
+        end = batch.prefix_lens + accepted.to(dev)  # last committed position per request
+        park = torch.where(end % 2 == 0, end, end - 1)  # last committed even position
+        ok = park >= batch.prefix_lens  # else parked by an earlier forward
+        park_rows = torch.arange(len(seqs), device=dev) * g1 + (park - batch.prefix_lens)
+        for lid, (kvs, score) in kv.pair_state.items():
+            r, req = park_rows[ok], batch.req_slots[ok]
+            self.drv.pools.pending[lid][req] = torch.stack([kvs[r], score[r]], 1)
+
+    # ------------------------------------------------------------------ the loop
+    def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192, sampling: Sampling = Sampling(),
+                 eos: tuple[int, ...] = (), propose: Propose | None = None,
+                 simulate_accept: float | None = None) -> tuple[list[list[int]], SpecStats]:
+        """Like Driver.generate (greedy: the same tokens); generation of a request stops after
+        `max_new` tokens or after an `eos` id (included)."""
+        seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(prompts)]
+        for s in seqs:
+            self.drv.pools.clear_request(s.req_slot)
+        return self.run(seqs, max_new, chunk, sampling, eos, propose, simulate_accept=simulate_accept)
+
+    def run(self, seqs: list[Sequence], max_new: int, chunk: int = 8192, sampling: Sampling = Sampling(),
+            eos: tuple[int, ...] = (), propose: Propose | None = None, release: bool = True,
+            simulate_accept: float | None = None):
+        """`generate` over given sequences (`Driver.run`). `simulate_accept=X`: every verify commits
+        exactly the accept lengths of `forced_accepts(X - 1, ...)` (mean X tokens per verify, the bonus
+        included) whatever the drafts are: decode speed apart from draft quality."""
+        gen = torch.Generator(device=self.drv.device).manual_seed(sampling.seed) if sampling.temperature > 0 else None
+        stats = SpecStats(accepted_at=[0] * self.gamma)
+        last = self.prefill(seqs, chunk)
+        new: dict[int, list[int]] = {}
+        for s in seqs:
+            row = last[s.req_slot]
+            if sampling.temperature > 0:
+                p = distribution(row.unsqueeze(0), sampling.temperature, sampling.top_k, sampling.top_p)
+                tok = int(torch.multinomial(p, 1, generator=gen))
+            else:
+                tok = int(row.argmax())
+            s.tokens.append(tok)
+            new[s.req_slot] = [tok]
+        live = [s for s in seqs if max_new > 1 and new[s.req_slot][-1] not in eos]
+        sync = torch.cuda.synchronize if str(self.drv.device).startswith("cuda") else (lambda: None)
+        sync()
+        t0, n_step = time.perf_counter(), 0
+        while live:
+            forced = None if simulate_accept is None else forced_accepts(simulate_accept - 1, n_step)
+            n_step += 1
+            accepted, tokens = self.step(live, sampling, gen, propose, forced)
+            acc, toks = accepted.tolist(), tokens.tolist()
+            stats.verifies += len(live)
+            for s, k, row in zip(live, acc, toks):
+                for i in range(k):
+                    stats.accepted_at[i] += 1
+                out = new[s.req_slot]
+                emitted = row[: k + 1]
+                s.cached += k + 1
+                s.window_ready = True
+                for tok in emitted:
+                    if len(out) >= max_new or (out and out[-1] in eos):
+                        break
+                    out.append(tok)
+                    stats.committed += 1
+                s.tokens.extend(emitted)
+            live = [s for s in live if len(new[s.req_slot]) < max_new and new[s.req_slot][-1] not in eos]
+        sync()
+        stats.decode_s = time.perf_counter() - t0
+        if release:
+            self.drv.release(seqs)
+        return [new[s.req_slot] for s in seqs], stats
