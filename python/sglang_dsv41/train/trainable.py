@@ -109,11 +109,15 @@ def _is_frozen(name: str) -> bool:
     return name.endswith(FROZEN_SUFFIXES)
 
 
-def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32) -> DeepseekV41:
+def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32, part: str = "all") -> DeepseekV41:
     """Turn a built `DeepseekV41` (serving parameters, e.g. from `load_model`) into its QAT trainable
     form IN PLACE, apply `NumericsPolicy.train()` and return it. `master_dtype` (fp32 or bf16) holds
     every trained weight; bf16 checkpoint tensors with fp32 masters are read through a bf16 cast.
+    `part`: which masters get gradients: "all", "backbone" (not the DSpark stages `mtp.*`) or
+    "drafter" (only `mtp.*`; the backbone, its embedding and head included, stays frozen).
     The model must run the exact numerics (no kernels policy applied)."""
+    if part not in ("all", "backbone", "drafter"):
+        raise ValueError(f"part must be 'all', 'backbone' or 'drafter', got {part!r}")
     if master_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"master_dtype must be torch.float32 or torch.bfloat16, got {master_dtype}")
     apply_numerics(model, NumericsPolicy.exact())
@@ -139,6 +143,10 @@ def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32
                 parametrize.register_parametrization(mod, pname, _AsBF16(), unsafe=True)
             else:
                 p.requires_grad_(True)
+    if part != "all":
+        for name, p in model.named_parameters():
+            if name.startswith("mtp.") != (part == "drafter"):
+                p.requires_grad_(False)
     model.trainable = True
     apply_numerics(model, NumericsPolicy.train())
     model.train()
@@ -146,11 +154,11 @@ def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32
 
 
 def load_trainable(path: str | os.PathLike, device: str | torch.device = "cpu",
-                   master_dtype: torch.dtype = torch.float32) -> DeepseekV41:
+                   master_dtype: torch.dtype = torch.float32, part: str = "all") -> DeepseekV41:
     """A checkpoint directory (or embedded alias) -> its trainable model (masters dequantized)."""
     from sglang_dsv41.checkpoint.loader import load_model
 
-    return make_trainable(load_model(path, device=device, progress=False), master_dtype)
+    return make_trainable(load_model(path, device=device, progress=False), master_dtype, part)
 
 
 def trainable_parameters(model: DeepseekV41) -> list[tuple[str, nn.Parameter]]:

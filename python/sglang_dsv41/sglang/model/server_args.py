@@ -52,7 +52,8 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          bool(getattr(cfg, "enable_two_batch_overlap", False))),
         ("--speculative-algorithm", f"DeepSeek-V4.1 accepts only DSPARK speculative decoding, got {spec!r}",
          spec is not None and str(spec).upper() != "DSPARK"),
-        ("--speculative-algorithm", "the DSPARK draft is not implemented by sglang-dsv41 yet",
+        ("--speculative-algorithm", "serving DSPARK through SGLang is not implemented by sglang-dsv41 yet (the "
+         "drafter runs in the engine-agnostic runtime and the offline driver: docs/dspark.md)",
          spec is not None and str(spec).upper() == "DSPARK"),
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
