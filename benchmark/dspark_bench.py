@@ -13,6 +13,9 @@ tokens/s = B x decoded tokens / decode time; "step" = decode time / steps (a DSp
 --simulate-accept-len tokens per request on average). The speculative steps are not graph-captured
 in this version: the ratio to "plain, graph" is what a user gets, the ratio to "plain, eager" the
 algorithmic gain. Printed and appended to <results-dir>/<date>-<device>-dspark.md with the command.
+--model M --task N: checkpoint M's own drafter (no simulation) on N held-out task prompts, one request
+at a time (batch 1), greedy until end-of-sentence: plain decode vs DSpark, tokens/s and the measured
+accept length (the same tokens either way).
 """
 
 from __future__ import annotations
@@ -64,6 +67,42 @@ def spec(model, table, dev, prompts, new, page, accept: float) -> tuple[float, f
     return st.committed / st.decode_s, 1000 * st.decode_s / max(steps, 1), st.accept_length
 
 
+def task_rows(a, dev) -> None:
+    """The trained drafter of `a.model` on held-out task prompts, batch 1, greedy, until EOS."""
+    from sglang_dsv41.checkpoint.loader import load_model
+    from sglang_dsv41.train import task
+    from sglang_dsv41.train.dspark import sample_problems
+
+    model = load_model(a.model, device=dev, progress=False)
+    table = kernel_table(dev)
+    apply_numerics(model, NumericsPolicy.kernels(table))
+    renderer = task.ChatRenderer(a.model)
+    prompts = [renderer.prompt(p.question) for p in sample_problems({1: 1, 2: 4}, a.task, "test", seed=2)]
+    eos = renderer.eos_id
+    plain_drv = Driver(model, 4096, 1, 64, dev, ops=table, graphs=dev == "cuda")
+    spec_drv = Driver(model, 4096, 1, 64, dev, ops=table, speculative=True)
+    dec = SpecDecoder(spec_drv)
+    t_plain = t_spec = 0.0
+    n_plain = n_spec = verifies = same = 0
+    for p in prompts:
+        _, st = plain_drv.generate([p], 24)  # plain decode has no EOS stop: time per token
+        t_plain += st["decode_s"]
+        n_plain += 23
+        new, ss = dec.generate([p], 24, eos=(eos,))
+        ref, _ = plain_drv.generate([p], len(new[0]))
+        same += ref[0] == new[0]
+        t_spec += ss.decode_s
+        n_spec += ss.committed
+        verifies += ss.verifies
+    say(f"`{a.model}` ({model.cfg.dspark.n_stages}-stage drafter, gamma {model.cfg.dspark.block_size}), "
+        f"{a.task} held-out task prompts (levels 1:1, 2:4, test split), one request at a time, greedy; DSpark "
+        f"until end-of-sentence, plain decode timed per token over 23 steps.\n")
+    say("| plain tok/s | DSpark tok/s | DSpark / plain | accept length (of gamma + 1) | DSpark tokens == plain |")
+    say("|---|---|---|---|---|")
+    say(f"| {n_plain / t_plain:,.1f} | {n_spec / t_spec:,.1f} | {(n_spec / t_spec) / (n_plain / t_plain):.2f}x | "
+        f"{n_spec / max(verifies, 1):.2f} | {same} of {len(prompts)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="bench")
@@ -73,13 +112,26 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=256)
     ap.add_argument("--simulate-accept-len", type=float, default=3.0)
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
+    ap.add_argument("--model", help="a checkpoint with a trained drafter (with --task)")
+    ap.add_argument("--task", type=int, default=0, help="held-out task prompts for --model's own drafter")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    day = datetime.date.today().isoformat()
+    if a.task:
+        if not a.model:
+            ap.error("--task needs --model (a checkpoint with a trained drafter)")
+        say(f"## {day} {name}, torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+            f"`python {' '.join(shlex.quote(x) for x in sys.argv)}`\n")
+        task_rows(a, dev)
+        out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev}-dspark-default.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write("\n" + "\n".join(LOG) + "\n")
+        return
     model = random_model(a.preset, Path("/tmp/dsv41-bench") / f"{a.preset}-mem", dev, fast=True)
     table = kernel_table(dev)
     apply_numerics(model, NumericsPolicy.kernels(table))
-    day = datetime.date.today().isoformat()
     cmd = "python " + " ".join(shlex.quote(x) for x in sys.argv)
     ds = model.cfg.dspark
     say(f"## {day} {name}, torch {torch.__version__}"

@@ -37,6 +37,8 @@ RELEASED_HF = {
         "engram_max_ngram_size": 4, "engram_n_heads": 8, "engram_head_dim": 256,
         "engram_vocab_size": 16000000, "engram_pad_token_id": 2, "engram_compressed_vocab_size": 99092,
         "num_nextn_predict_layers": 3, "image_token_id": 129264,
+        "dspark_block_size": 5, "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [37, 38, 39],
+        "dspark_markov_rank": 256, "dspark_n_routed_experts": 128, "dspark_num_experts_per_tok": 3,
     },
     "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": 32, "hidden_size": 1024,
                       "num_attention_heads": 16, "intermediate_size": 2816, "patch_size": 14},
@@ -57,6 +59,8 @@ RELEASED_INFERENCE = {
     "engram_num_embeddings": [384006168, 384016682], "engram_max_ngram_size": 4, "engram_pad_id": 2,
     "engram_compressed_vocab_size": 99092, "dtype": "fp8", "expert_dtype": "fp4",
     "compress_rope_theta": 160000, "compress_ratios": RATIOS, "vision_n_layers": 32,
+    "dspark_block_size": 5, "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [37, 38, 39],
+    "dspark_markov_rank": 256, "dspark_n_routed_experts": 128, "dspark_n_activated_experts": 3,
     "image_token_id": 129264, "engram_n_heads": 8, "engram_head_dim": 256,
 }
 
@@ -104,6 +108,13 @@ def test_released_values(flash):
     assert flash.compressed_kv_bytes_per_entry == 288 and flash.index_key_bytes_per_entry == 68
     assert flash.compressed_bytes_per_token == 890
     assert flash.window_kv_bytes_per_token == 528
+    ds = flash.dspark  # DSpark: 3 window-only stages (layers 40-42) with 128 experts, top-3
+    assert (ds.n_stages, ds.block_size, ds.verify_rows, ds.noise_token_id) == (3, 5, 6, 128799)
+    assert ds.target_layer_ids == (37, 38, 39) and ds.markov_rank == 256
+    assert [r.layer_id for r in flash.draft_roles] == [40, 41, 42]
+    assert all(r.compress_ratio == 0 and r.rope_kind == "plain" and not r.has_engram for r in flash.draft_roles)
+    assert (flash.draft_config.moe.n_routed_experts, flash.draft_config.moe.n_activated_experts) == (128, 3)
+    assert flash.draft_config.moe.moe_inter_dim == flash.moe.moe_inter_dim and flash.moe.n_routed_experts == 384
 
 
 def test_engram_prime_rule(flash):
@@ -147,6 +158,10 @@ def _bad(**text_overrides):
         ({"o_groups": 7}, "o_groups", "not divisible"),
         ({"compress_ratios": RATIOS[:30]}, "compress_ratios", "fewer than num_hidden_layers"),
         ({"engram_layer_ids": [1, 40]}, "engram_layer_ids", "outside"),
+        ({"dspark_target_layer_ids": [37, 40]}, "dspark_target_layer_ids", "0..39"),
+        ({"dspark_noise_token_id": 129280}, "dspark_noise_token_id", "outside the vocabulary"),
+        ({"dspark_num_experts_per_tok": 129}, "dspark_num_experts_per_tok", "1..dspark_n_routed_experts=128"),
+        ({"compress_ratios": RATIOS[:40] + [0, 2, 0]}, "compress_ratios", "window-only"),
     ],
 )
 def test_bad_configs_name_the_field(overrides, field, words):
