@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--model", help="a checkpoint with a trained drafter (with --task)")
     ap.add_argument("--task", type=int, default=0, help="held-out task prompts for --model's own drafter")
     a = ap.parse_args()
+    if not 1.0 <= a.simulate_accept_len <= 6.0 or a.decode < 2 or a.prompt_len < 1 or a.task < 0:
+        ap.error("--simulate-accept-len must be in 1 .. gamma + 1, --decode >= 2, --prompt-len >= 1, --task >= 0")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     day = datetime.date.today().isoformat()

@@ -106,17 +106,23 @@ class Driver:
             table[i, : slots.numel()] = slots
         return table
 
-    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None):
-        """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step);
-        `replay` (Decisions) forces routing / top-k / candidate decisions for these rows."""
+    def build_batch(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False,
+                    rows: list[list[int]] | None = None) -> Batch:
+        """The batch of `counts[i]` new tokens of each sequence from its cached length (`rows[i]`: those
+        tokens given explicitly, e.g. a DSpark verify's chain, instead of s.tokens); pages are allocated
+        for them. An encoder-replay hit's first forward also recomputes its last min(P, window) cached
+        tokens."""
         ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
         table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
-        # encoder replay: a hit's first forward recomputes its last min(P, window) cached tokens
         W = self.model.cfg.attention.window_size
         rep = [min(s.cached, W) if self.encoder_replay and not s.window_ready else 0 for s in seqs]
         starts = [s.cached - r for s, r in zip(seqs, rep)]
-        batch = Batch.build(
-            [s.tokens[a : s.cached + c] for s, a, c in zip(seqs, starts, counts)],
+        if rows is None:
+            rows = [s.tokens[a : s.cached + c] for s, a, c in zip(seqs, starts, counts)]
+        elif any(rep):
+            raise ValueError("explicit rows need sequences whose window is ready (no encoder-replay rows)")
+        return Batch.build(
+            rows,
             starts,
             table,
             [s.req_slot for s in seqs],
@@ -126,7 +132,11 @@ class Driver:
             history_width=ngram,
             replay_lens=rep,
         )
-        out = self.runtime.forward(batch, replay)
+
+    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None):
+        """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step);
+        `replay` (Decisions) forces routing / top-k / candidate decisions for these rows."""
+        out = self.runtime.forward(self.build_batch(seqs, counts, all_logits), replay)
         for s, c in zip(seqs, counts):
             s.cached += c
             s.window_ready = True

@@ -24,7 +24,7 @@ of the same tokens writes (test/runtime/test_speculative.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -79,19 +79,6 @@ class SpecDecoder:
         self.ops = driver.runtime.ops
 
     # ------------------------------------------------------------------ pieces
-    def _batch(self, seqs: list[Sequence], rows: list[list[int]], starts: list[int], length: int, verify: bool,
-               all_logits: bool, replay_lens: list[int] | None = None) -> Batch:
-        ngram = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
-        table = self.drv._table(seqs, length)
-        b = Batch.build(rows, starts, table, [s.req_slot for s in seqs],
-                        [s.tokens[max(0, a - ngram): a] for s, a in zip(seqs, starts)], all_logits=all_logits,
-                        device=self.drv.device, history_width=ngram, replay_lens=replay_lens)
-        if verify:
-            from dataclasses import replace
-
-            b = replace(b, verify=True)
-        return b
-
     def _context(self, batch: Batch, hidden: torch.Tensor, positions: torch.Tensor, req: torch.Tensor) -> None:
         """Rows (positions, requests of `batch`) with drafter inputs `hidden` -> every stage's context."""
         dkv = PagedDraftKV.for_context(self.drv.pools, batch.token_table, batch.req_slots, self.ops, positions, req)
@@ -100,7 +87,7 @@ class SpecDecoder:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], chunk: int) -> dict[int, torch.Tensor]:
         """Chunked prefill with the drafter's capture -> last logits row per request slot."""
-        W, last = self.cfg.attention.window_size, {}
+        last = {}
         while any(s.cached < s.prefill_len for s in seqs):
             active, counts, budget = [], [], chunk
             for s in seqs:
@@ -109,10 +96,7 @@ class SpecDecoder:
                     active.append(s)
                     counts.append(c)
                     budget -= c
-            rep = [min(s.cached, W) if self.drv.encoder_replay and not s.window_ready else 0 for s in active]
-            starts = [s.cached - r for s, r in zip(active, rep)]
-            batch = self._batch(active, [s.tokens[a: s.cached + c] for s, a, c in zip(active, starts, counts)], starts,
-                                max(s.cached + c for s, c in zip(active, counts)), False, False, rep)
+            batch = self.drv.build_batch(active, counts)
             out, kv = self.drv.runtime.run(batch, capture_draft=True)
             self._context(batch, out.draft_hidden, kv.positions, kv.req)
             for s, c, row in zip(active, counts, out.logits):
@@ -143,8 +127,7 @@ class SpecDecoder:
             choose = greedy
         d = draft(self.model, anchors, dkv, choose)
         ids = d.ids if propose is None else propose(seqs, d.ids).to(dev)
-        batch = self._batch(seqs, ids.tolist(), [s.cached for s in seqs], max(s.cached + g + 1 for s in seqs),
-                            True, True)
+        batch = replace(self.drv.build_batch(seqs, [g + 1] * len(seqs), all_logits=True, rows=ids.tolist()), verify=True)
         out, kv = self.drv.runtime.run(batch, capture_draft=True)
         logits = out.logits.view(len(seqs), g + 1, -1)
         if sampling.temperature > 0:
@@ -155,7 +138,8 @@ class SpecDecoder:
         else:
             accepted, tokens = accept_greedy(ids, logits)
             if forced is not None:  # the drafts themselves are committed, then the target's next token
-                accepted = torch.full_like(accepted, min(forced, g))
+                forced = min(forced, g)
+                accepted = torch.full_like(accepted, forced)
                 tokens = torch.cat([ids[:, 1:], tokens[:, -1:]], 1)
                 tokens[:, forced] = logits[:, forced].argmax(-1)
         self._commit(seqs, batch, out.draft_hidden, kv, accepted)
@@ -192,6 +176,11 @@ class SpecDecoder:
         """`generate` over given sequences (`Driver.run`). `simulate_accept=X`: every verify commits
         exactly the accept lengths of `forced_accepts(X - 1, ...)` (mean X tokens per verify, the bonus
         included) whatever the drafts are: decode speed apart from draft quality."""
+        if max_new < 1:
+            raise ValueError(f"max_new must be at least 1, got {max_new}")
+        g1 = self.gamma + 1
+        if simulate_accept is not None and not 1.0 <= simulate_accept <= g1:
+            raise ValueError(f"simulate_accept must be in 1 .. gamma + 1 = {g1}, got {simulate_accept}")
         gen = torch.Generator(device=self.drv.device).manual_seed(sampling.seed) if sampling.temperature > 0 else None
         stats = SpecStats(accepted_at=[0] * self.gamma)
         last = self.prefill(seqs, chunk)

@@ -192,6 +192,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-minutes", type=float, default=0.0, help="stop training after this long (0: no limit)")
     a = ap.parse_args(argv)
+    for flag, value in (("--stages", a.stages), ("--steps", a.steps), ("--batch", a.batch), ("--sequences", a.sequences),
+                        ("--max-new", a.max_new), ("--eval-n", a.eval_n)):
+        if value < 1:
+            ap.error(f"{flag} must be at least 1, got {value}")
+    if not a.lr > 0 or a.max_minutes < 0:
+        ap.error(f"--lr must be positive and --max-minutes >= 0, got {a.lr} and {a.max_minutes}")
+    try:
+        levels = parse_levels(a.levels)
+    except ValueError as e:
+        ap.error(f"--levels: {e}")
+    if not levels or any(lv not in task.RANGES or w <= 0 for lv, w in levels.items()):
+        ap.error(f"--levels: LEVEL:WEIGHT pairs with levels in {sorted(task.RANGES)} and positive weights, got {a.levels!r}")
     torch.manual_seed(a.seed)
     out = Path(a.out)
     t_start = time.time()
