@@ -109,12 +109,14 @@ def _is_frozen(name: str) -> bool:
     return name.endswith(FROZEN_SUFFIXES)
 
 
-def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32, part: str = "all") -> DeepseekV41:
+def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32, part: str = "backbone") -> DeepseekV41:
     """Turn a built `DeepseekV41` (serving parameters, e.g. from `load_model`) into its QAT trainable
     form IN PLACE, apply `NumericsPolicy.train()` and return it. `master_dtype` (fp32 or bf16) holds
     every trained weight; bf16 checkpoint tensors with fp32 masters are read through a bf16 cast.
-    `part`: which masters get gradients: "all", "backbone" (not the DSpark stages `mtp.*`) or
-    "drafter" (only `mtp.*`; the backbone, its embedding and head included, stays frozen).
+    `part`: which masters get gradients: "backbone" (default: everything but the DSpark stages
+    `mtp.*`, which the LM loss never reaches, so an optimizer's weight decay cannot drift them),
+    "drafter" (only `mtp.*`; the backbone, its embedding and head included, stays frozen) or "all"
+    (both, for a loss that has a drafter term).
     The model must run the exact numerics (no kernels policy applied)."""
     if part not in ("all", "backbone", "drafter"):
         raise ValueError(f"part must be 'all', 'backbone' or 'drafter', got {part!r}")
@@ -154,7 +156,7 @@ def make_trainable(model: DeepseekV41, master_dtype: torch.dtype = torch.float32
 
 
 def load_trainable(path: str | os.PathLike, device: str | torch.device = "cpu",
-                   master_dtype: torch.dtype = torch.float32, part: str = "all") -> DeepseekV41:
+                   master_dtype: torch.dtype = torch.float32, part: str = "backbone") -> DeepseekV41:
     """A checkpoint directory (or embedded alias) -> its trainable model (masters dequantized)."""
     from sglang_dsv41.checkpoint.loader import load_model
 
