@@ -15,23 +15,30 @@ from __future__ import annotations
 import torch
 
 
-def distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """fp32 logits [..., V] -> fp32 probabilities [..., V] at `temperature` (> 0), restricted to the
-    `top_k` largest (0: all) and to the smallest set of mass >= `top_p` (ties: lower index first)."""
-    if temperature <= 0:
+def _per_row(value, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A scalar, or a tensor [B] over dim 0 of `like`, shaped to broadcast against `like`."""
+    t = torch.as_tensor(value, dtype=dtype, device=like.device)
+    return t if t.dim() == 0 else t.view(-1, *([1] * (like.dim() - 1)))
+
+
+def distribution(logits: torch.Tensor, temperature, top_k=0, top_p=1.0, min_p=0.0) -> torch.Tensor:
+    """fp32 logits [B, ..., V] -> fp32 probabilities [B, ..., V], as SGLang's sampler draws from them
+    (`top_k_top_p_min_p_sampling_from_probs_torch`): softmax(logits / temperature); in descending
+    order (ties: lower index first), ranks >= top_k (0: none) and entries whose mass strictly before
+    them exceeds top_p are dropped, then those below min_p x the largest; renormalized. Each
+    parameter is a scalar or a tensor [B] (one value per request). Temperatures must be > 0."""
+    if not torch.is_tensor(temperature) and temperature <= 0:
         raise ValueError("temperature must be positive for sampling (use greedy acceptance at 0)")
-    z = logits.float() / temperature
-    if top_k > 0 and top_k < z.size(-1):
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    p = torch.softmax(z, dim=-1)
-    if top_p < 1.0:
-        sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
-        before = torch.cumsum(sp, dim=-1) - sp  # mass strictly before each sorted entry
-        sp = sp.masked_fill(before >= top_p, 0.0)
-        p = torch.zeros_like(p).scatter(-1, order, sp)
-        p = p / p.sum(dim=-1, keepdim=True)
-    return p
+    p = torch.softmax(logits.float() / _per_row(temperature, logits, torch.float32), dim=-1)
+    sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
+    before = torch.cumsum(sp, dim=-1) - sp
+    k = _per_row(top_k, logits, torch.int64)
+    rank = torch.arange(p.size(-1), device=p.device)
+    drop = ((k > 0) & (rank >= k)) | (before > _per_row(top_p, logits, torch.float32))
+    sp = sp.masked_fill(drop, 0.0)
+    sp = sp.masked_fill(sp < sp[..., :1] * _per_row(min_p, logits, torch.float32), 0.0)
+    p = torch.zeros_like(p).scatter(-1, order, sp)
+    return p / p.sum(dim=-1, keepdim=True)
 
 
 def accept_greedy(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,16 +24,14 @@ of the same tokens writes (test/runtime/test_speculative.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from sglang_dsv41.layers.dspark import add_context, draft, greedy
-from sglang_dsv41.runtime.acceptance import accept_greedy, accept_sampled, distribution
-from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.acceptance import distribution
 from sglang_dsv41.runtime.driver import Driver, Sequence
-from sglang_dsv41.runtime.paged_draft_kv import PagedDraftKV
+from sglang_dsv41.runtime.spec_step import DSparkStep, RowSampling
 
 Propose = Callable[[list[Sequence], torch.Tensor], torch.Tensor]
 """(sequences, drafted ids int64 [B, gamma + 1]) -> the ids to verify (a scripted drafter, tests)."""
@@ -76,13 +74,7 @@ class SpecDecoder:
             raise ValueError("speculative decoding needs a DSpark checkpoint and Driver(..., speculative=True)")
         self.drv, self.model, self.cfg = driver, driver.model, cfg
         self.gamma = cfg.dspark.block_size
-        self.ops = driver.runtime.ops
-
-    # ------------------------------------------------------------------ pieces
-    def _context(self, batch: Batch, hidden: torch.Tensor, positions: torch.Tensor, req: torch.Tensor) -> None:
-        """Rows (positions, requests of `batch`) with drafter inputs `hidden` -> every stage's context."""
-        dkv = PagedDraftKV.for_context(self.drv.pools, batch.token_table, batch.req_slots, self.ops, positions, req)
-        add_context(self.model.mtp, hidden, positions, dkv)
+        self.spec = DSparkStep(driver.runtime)
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], chunk: int) -> dict[int, torch.Tensor]:
@@ -96,9 +88,7 @@ class SpecDecoder:
                     active.append(s)
                     counts.append(c)
                     budget -= c
-            batch = self.drv.build_batch(active, counts)
-            out, kv = self.drv.runtime.run(batch, capture_draft=True)
-            self._context(batch, out.draft_hidden, kv.positions, kv.req)
+            out = self.spec.prefill(self.drv.build_batch(active, counts))
             for s, c, row in zip(active, counts, out.logits):
                 s.cached += c
                 s.window_ready = True
@@ -109,55 +99,32 @@ class SpecDecoder:
     @torch.inference_mode()
     def step(self, seqs: list[Sequence], sampling: Sampling, gen: torch.Generator | None,
              propose: Propose | None, forced: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft + verify of `seqs` (each with its anchor as tokens[cached]) -> (accepted [B],
-        tokens [B, gamma + 1]); the caller commits. `forced`: every request accepts exactly that many
-        drafts whatever they are (speed measurements on random weights, `simulate_accept`)."""
+        """One draft + verify + commit of `seqs` (each with its anchor as tokens[cached]) -> (accepted
+        [B], tokens [B, gamma + 1]). `forced`: every request accepts exactly that many drafts whatever
+        they are (speed measurements on random weights, `simulate_accept`)."""
         g, dev = self.gamma, self.drv.device
-        anchors = torch.tensor([s.tokens[s.cached] for s in seqs], dtype=torch.int64, device=dev)
-        table = self.drv._table(seqs, max(s.cached + g + 1 for s in seqs))
-        slots = torch.tensor([s.req_slot for s in seqs], dtype=torch.int64, device=dev)
-        last = torch.tensor([s.cached - 1 for s in seqs], dtype=torch.int64, device=dev)
-        dkv = PagedDraftKV.for_draft(self.drv.pools, table.to(dev), slots, self.ops, last)
-        if sampling.temperature > 0:
-            t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
-
-            def choose(logits, _i):
-                return torch.multinomial(distribution(logits, t, k, p), 1, generator=gen)[:, 0]
-        else:
-            choose = greedy
-        d = draft(self.model, anchors, dkv, choose)
-        ids = d.ids if propose is None else propose(seqs, d.ids).to(dev)
-        batch = replace(self.drv.build_batch(seqs, [g + 1] * len(seqs), all_logits=True, rows=ids.tolist()), verify=True)
-        out, kv = self.drv.runtime.run(batch, capture_draft=True)
-        logits = out.logits.view(len(seqs), g + 1, -1)
+        ends = [s.cached + g + 1 for s in seqs]
+        table = self.drv._table(seqs, max(ends)).to(dev)
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+        anchors, cached, slots = t([s.tokens[s.cached] for s in seqs]), t([s.cached for s in seqs]), t([s.req_slot for s in seqs])
+        width = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
+        history = t([[0] * max(0, width - s.cached) + s.tokens[max(0, s.cached - width) : s.cached] for s in seqs])
+        rows = None
         if sampling.temperature > 0:
             if propose is not None:
                 raise ValueError("a scripted drafter has no draft distribution: sample with the model's drafter")
-            t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
-            accepted, tokens = accept_sampled(ids, distribution(d.logits, t, k, p), distribution(logits, t, k, p), gen)
-        else:
-            accepted, tokens = accept_greedy(ids, logits)
-            if forced is not None:  # the drafts themselves are committed, then the target's next token
-                forced = min(forced, g)
-                accepted = torch.full_like(accepted, forced)
-                tokens = torch.cat([ids[:, 1:], tokens[:, -1:]], 1)
-                tokens[:, forced] = logits[:, forced].argmax(-1)
-        self._commit(seqs, batch, out.draft_hidden, kv, accepted)
+            rows = RowSampling.uniform(len(seqs), dev, sampling.temperature, sampling.top_k, sampling.top_p)
+        d = self.spec.draft(anchors, cached, table, slots, rows, gen)
+        ids = d.ids if propose is None else propose(seqs, d.ids).to(dev)
+        v = self.spec.verify(ids, cached, table, slots, history, capacity=max(ends))
+        accepted, tokens = self.spec.accept(ids, d, v, rows, gen)
+        if forced is not None:  # the drafts themselves are committed, then the target's next token
+            forced = min(forced, g)
+            accepted = torch.full_like(accepted, forced)
+            tokens = torch.cat([ids[:, 1:], tokens[:, -1:]], 1)
+            tokens[:, forced] = v.logits[:, forced].argmax(-1)
+        self.spec.commit(v, accepted)
         return accepted, tokens
-
-    def _commit(self, seqs, batch: Batch, hidden: torch.Tensor, kv, accepted: torch.Tensor) -> None:
-        """Rows 0 .. accepted[b] of request b become its committed positions (module docstring)."""
-        g1, dev = self.gamma + 1, batch.positions.device
-        keep = torch.arange(g1, device=dev).unsqueeze(0) <= accepted.to(dev).unsqueeze(-1)  # [B, g+1]
-        rows = torch.nonzero(keep.flatten()).flatten()
-        self._context(batch, hidden[rows], batch.positions[rows], batch.req_index[rows])
-        end = batch.prefix_lens + accepted.to(dev)  # last committed position per request
-        park = torch.where(end % 2 == 0, end, end - 1)  # last committed even position
-        ok = park >= batch.prefix_lens  # else parked by an earlier forward
-        park_rows = torch.arange(len(seqs), device=dev) * g1 + (park - batch.prefix_lens)
-        for lid, (kvs, score) in kv.pair_state.items():
-            r, req = park_rows[ok], batch.req_slots[ok]
-            self.drv.pools.pending[lid][req] = torch.stack([kvs[r], score[r]], 1)
 
     # ------------------------------------------------------------------ the loop
     def generate(self, prompts: list[list[int]], max_new: int, chunk: int = 8192, sampling: Sampling = Sampling(),
