@@ -138,7 +138,7 @@ def test_aliases(tmp_path, monkeypatch):
     ("pp_size", 2, "--pp-size"),
     ("enable_two_batch_overlap", True, "--enable-two-batch-overlap"),
     ("speculative_algorithm", "EAGLE", "--speculative-algorithm"),
-    ("speculative_algorithm", "DSPARK", "--speculative-algorithm"),
+    ("speculative_algorithm", "ngram", "--speculative-algorithm"),
     ("enable_unified_memory", True, "--enable-unified-memory"),
     ("ep_size", 4, "--ep-size"),  # without --tp-size 4 (docs/parallel.md: 1 or the TP size)
     ("enable_hierarchical_cache", True, "--enable-hierarchical-cache"),

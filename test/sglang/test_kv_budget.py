@@ -36,16 +36,19 @@ def test_no_op_pool_for_our_model_only():
 
     original = lambda kvc, *, kind, default: default  # noqa: E731 (SGLang's answer: the in-tree default)
     hook = kv_budget.use_no_op_generic_pool
-    assert hook(original, _kvc(_ours()), kind="mha", default=MHATokenToKVPool) is NoOpMHATokenToKVPool
+    ours = hook(original, _kvc(_ours()), kind="mha", default=MHATokenToKVPool)
+    assert issubclass(ours, NoOpMHATokenToKVPool) and ours is hook(original, _kvc(_ours()), kind="mha", default=None)
+    # no KV copy (its warmup is a Triton kernel), also where SGLang asks for it (speculative decoding)
+    assert _pool(ours, enable_kv_cache_copy=True)._kv_copy_config is None
     assert hook(original, _kvc(_ours()), kind="mla", default=MLATokenToKVPool) is MLATokenToKVPool
     assert hook(original, _kvc(torch.nn.Linear(1, 1)), kind="mha", default=MHATokenToKVPool) is MHATokenToKVPool
     draft = SimpleNamespace(model=_ours(), is_draft_worker=True)
     assert hook(original, draft, kind="mha", default=MHATokenToKVPool) is MHATokenToKVPool
 
 
-def _pool(cls, size=128, layers=2):
+def _pool(cls, size=128, layers=2, **kwargs):
     return cls(size, page_size=64, dtype=torch.bfloat16, head_num=1, head_dim=128, v_head_dim=128, layer_num=layers,
-               device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers)
+               device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers, **kwargs)
 
 
 def test_generic_pool_bytes_measured():

@@ -77,10 +77,11 @@ class KVPools:
             self.window[i] = bigger
 
     @staticmethod
-    def bytes_per_token(cfg: ModelConfig, window_rings: bool = False) -> dict[str, float]:
-        """Pool bytes per cached token: 'window' (all layers; 0 with rings), 'compressed' (+ index
-        keys), 'total'."""
-        window = 0 if window_rings else cfg.window_kv_bytes_per_token * cfg.num_layers
+    def bytes_per_token(cfg: ModelConfig, window_rings: bool = False, speculative: bool = False) -> dict[str, float]:
+        """Pool bytes per cached token: 'window' (all layers, and the DSpark stages when `speculative`;
+        0 with rings), 'compressed' (+ index keys), 'total'."""
+        layers = cfg.num_layers + (cfg.dspark.n_stages if speculative else 0)
+        window = 0 if window_rings else cfg.window_kv_bytes_per_token * layers
         compressed = cfg.compressed_bytes_per_token
         return {"window": window, "compressed": compressed, "total": window + compressed}
 

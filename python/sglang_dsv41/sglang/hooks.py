@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_dsv41.sglang.model import (arg_resolution, cpu_host_alloc, cuda_graphs, kv_budget, registration,
-                                       swa_replay, weight_update)
+from sglang_dsv41.sglang.model import (arg_resolution, cpu_host_alloc, cpu_req_to_token, cuda_graphs, dspark_worker,
+                                       kv_budget, registration, swa_replay, weight_update)
 from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 from sglang_dsv41.sglang.requests import admin_endpoints, admission, error_handlers, info_endpoints, other_endpoints
 from sglang_dsv41.sglang.requests import aborts, fair_share
@@ -73,6 +73,13 @@ EVERY_PROCESS = (
          "and flags that act only through capture are rejected."),
     Hook("arg_groups.model_override_base.register_model_override", PROVIDER, arg_resolution.v41_overrides,
          "page size 64 when unset, even page sizes only, and startup errors naming rejected flags (server_args.py)."),
+    Hook("speculative.spec_info.SpeculativeAlgorithm.handle_server_args", AROUND, arg_resolution.dspark_step,
+         "for our model with --speculative-algorithm DSPARK, on every device: the draft path is the model path, "
+         "one step of top-1, gamma from the checkpoint's drafter (num draft tokens gamma + 1) and no overlap "
+         "scheduler (the worker runs synchronously; SGLang turns it off on the CPU only for EAGLE and NGRAM). "
+         "SGLang's _handle_dspark refuses --device cpu without asking the platform (its DFLASH path asks) and "
+         "falls back to gamma 7. handle_speculative_decoding's other checks, before and after this call, pass on "
+         "the CPU as they are."),
     Hook("mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class", AROUND,
          kv_budget.use_no_op_generic_pool,
          "for our model the generic MHA pool is SGLang's NoOpMHATokenToKVPool (no per-token bytes); the "
@@ -108,6 +115,13 @@ EVERY_PROCESS = (
          "entry 'cpu' (unless SGLang has its own): --enable-return-routed-experts allocates the routed-expert "
          "capturer's host cache through ALLOC_MEMORY_FUNCS[device], whose default pins it with cudaHostRegister "
          "(no CUDA on CPU); on CPU the device cache is host memory, so nothing to pin."),
+    Hook("managers.scheduler.Scheduler.maybe_init_draft_worker", AROUND, dspark_worker.init_draft_worker,
+         "DSPARK on our model: the speculative worker is Dsv41DSparkWorker (the drafter's stages are in our model "
+         "and its KV in our pools); SGLang's create_worker builds a separate draft runner for its V4 class, and the "
+         "platform's worker seam is asked only off CUDA."),
+    Hook("mem_cache.allocation.assign_req_to_token_pool_func", AROUND, cpu_req_to_token.assign_on_cpu,
+         "speculative decode allocation writes req_to_token through a Triton kernel unless SGLang's own CPU engine "
+         "runs; on our CPU platform the write is done in torch."),
     # ------------------------------------------------------------------ request hardening (requests/), scheduler side
     Hook("managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND, fair_share.check_schedulable,
          "after SGLang clips max_new_tokens: a request the KV pool can never schedule is aborted alone with a 400 "

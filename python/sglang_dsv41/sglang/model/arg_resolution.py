@@ -5,9 +5,10 @@ rejected flags)."""
 from __future__ import annotations
 
 import logging
+import os
 
-from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, DEFAULT_PAGE_SIZE, resolve_model_name, v41_defaults,
-                                                   validate_flags)
+from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, DEFAULT_PAGE_SIZE, is_dspark, resolve_model_name,
+                                                   v41_defaults, validate_flags)
 from sglang_dsv41.sglang.platform import on_our_cpu_platform
 from sglang_dsv41.sglang.pool_limits import default_context
 
@@ -68,12 +69,62 @@ def context_step(server_args, previous) -> None:
         declare_resolution(server_args, "sglang_dsv41.context_length", context_length=context)
 
 
+def checkpoint_config(path: str, hf_config):
+    """Our ModelConfig of the checkpoint: its config.json when `path` is a directory (the embedded aliases are
+    directories by now), else SGLang's parsed HF config (a hub id); None when neither can be read."""
+    from sglang_dsv41.config import ModelConfig
+
+    try:
+        return ModelConfig.from_pretrained(path) if os.path.isdir(path) else ModelConfig.from_hf(hf_config)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        logger.warning("sglang-dsv41: cannot read the model config of %s (%s)", path, e)
+        return None
+
+
 def v41_overrides(server_args, hf_config) -> dict:
     """Provider registered for DeepseekV41ForCausalLM."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
     cfg = resolving_view(server_args)
     on_cpu = cfg.device == "cpu"
-    validate_flags(cfg, on_cpu)
+    validate_flags(cfg, on_cpu, checkpoint_config(cfg.model_path, hf_config) if is_dspark(cfg) else None)
     raw = dict(getattr(server_args, "_raw_input", None) or {})
     return v41_defaults(cfg, raw, on_cpu)
+
+
+DSPARK_MAX_RUNNING = 48
+"""SGLang's DSPARK default batch cap, applied on CUDA when --max-running-requests is unset (the CPU platform has
+already set its own)."""
+
+
+def dspark_step(original, algo, server_args) -> None:
+    """AROUND hook on SGLang's `SpeculativeAlgorithm.handle_server_args(self, server_args)`: for our model with
+    DSPARK it declares what SGLang's `_handle_dspark` would (that one refuses the CPU and falls back to gamma 7),
+    with gamma from the checkpoint's drafter; anything else goes to SGLang. The flags we refuse were refused by
+    the provider (v41_overrides), which runs earlier."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.speculative.ragged_verify import read_ragged_verify_mode
+
+    if not algo.is_dspark() or model_config_of(server_args).hf_config.architectures != [ARCHITECTURE]:
+        return original(algo, server_args)
+    read_ragged_verify_mode()  # SGLang validates the env for every algorithm here
+    cfg = resolving_view(server_args)
+    fields = dspark_fields(cfg, checkpoint_config(cfg.model_path, model_config_of(server_args).hf_config))
+    if not cfg.disable_overlap_schedule:
+        logger.info("sglang-dsv41: DSPARK runs without the overlap scheduler (the worker runs synchronously)")
+    declare_resolution(server_args, "sglang_dsv41.dspark", **fields)
+
+
+def dspark_fields(cfg, model_cfg) -> dict:
+    """The server-arg fields DSPARK resolves to for our checkpoint (`cfg`: the resolving view)."""
+    if model_cfg is None or model_cfg.dspark is None:  # the provider refused a checkpoint without a drafter
+        raise ValueError(f"--speculative-algorithm: cannot read the DSpark drafter of {cfg.model_path}; remove it "
+                         "to serve DeepSeek-V4.1")
+    gamma = model_cfg.dspark.block_size
+    fields = dict(speculative_draft_model_path=cfg.model_path, speculative_draft_model_revision=cfg.revision,
+                  speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=gamma + 1,
+                  speculative_dspark_block_size=gamma, disable_overlap_schedule=True)
+    if cfg.max_running_requests is None and cfg.device != "cpu":
+        fields["max_running_requests"] = DSPARK_MAX_RUNNING
+    return fields

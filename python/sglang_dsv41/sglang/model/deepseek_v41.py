@@ -26,6 +26,7 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.parallel import shard, take_shards, tensor_shards
 from sglang_dsv41.runtime import KVPools, Runtime
+from sglang_dsv41.runtime.spec_step import DSparkStep
 from sglang_dsv41.sglang.model.engram_host import EngramHostPlacement
 from sglang_dsv41.sglang.model.request_windows import RequestWindows
 from sglang_dsv41.sglang.model.server_args import swa_replay_modes
@@ -52,6 +53,13 @@ def apply_kernels(model: DeepseekV41, device: torch.device) -> OpTable | None:
     table = kernel_table(device)
     apply_numerics(model, NumericsPolicy.kernels(table))
     return table
+
+
+def dspark_enabled() -> bool:
+    """--speculative-algorithm DSPARK, from SGLang's published config (scheduler / model process)."""
+    from sglang.srt.runtime_context import get_spec
+
+    return str(get_spec().speculative_algorithm or "").upper() == "DSPARK"
 
 
 def _model_config(config) -> ModelConfig:
@@ -86,6 +94,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.windows: RequestWindows | None = None
         self.store: TokenStore | None = None
         self.decode_rows: torch.Tensor | None = None  # int64 [req slots] arange: rows of a decode batch
+        self.dspark: DSparkStep | None = None  # --speculative-algorithm DSPARK (dspark_worker.py)
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
         self.history_width = max(ngram - 1, 1)
         # Engram tables in host memory (docs/engram.md); a bad variable value fails here, at startup.
@@ -196,13 +205,25 @@ class DeepseekV41ForCausalLM(nn.Module):
         req_to_token = req_to_token_pool.req_to_token
         num_req_slots = int(req_to_token.shape[0])
         replay = swa_replay_modes()
-        pools = KVPools(self.cfg, num_slots, num_req_slots, self.device, window_rings=replay.encoder)
+        speculative = dspark_enabled()
+        pools = KVPools(self.cfg, num_slots, num_req_slots, self.device, window_rings=replay.encoder,
+                        speculative=speculative)
         self.runtime = Runtime(self.model, pools, self.ops, decoder_replay=replay.decoder)
+        self.dspark = DSparkStep(self.runtime) if speculative else None
         self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
         self.store = TokenStore(num_slots, self.device)
         self.decode_rows = torch.arange(num_req_slots, dtype=torch.int64, device=self.device)
         logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
-                                           self.engram_host, replay, generic_pool_facts(kv_pool)))
+                                           self.engram_host, replay, generic_pool_facts(kv_pool), speculative))
+
+    def set_dspark_layers_to_capture(self, layer_ids) -> None:
+        """SGLang's DSPARK setup names the target layers whose input it would capture; our forward
+        captures the drafter's input itself (`Runtime.run(capture_draft=True)`), before the
+        checkpoint's `dspark_target_layer_ids`, which SGLang read from the same config."""
+        want = tuple(self.cfg.dspark.target_layer_ids) if self.cfg.dspark else ()
+        if layer_ids is not None and tuple(int(i) for i in layer_ids) != want:
+            raise ValueError(f"DSPARK: SGLang asks to capture layers {list(layer_ids)}, the checkpoint's drafter reads "
+                             f"{list(want)}")
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -226,7 +247,8 @@ class DeepseekV41ForCausalLM(nn.Module):
             plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
         replay_lens = self._window_replay(fb)
         batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens)
-        out = runtime.forward(batch)
+        # with DSPARK every row this forward runs also becomes the drafter's context
+        out = runtime.forward(batch) if self.dspark is None else self.dspark.prefill(batch)
         if self.dump is not None:
             self.dump.write(fb, batch, out.logits)
         if self.windows is not None:

@@ -48,12 +48,12 @@ def token_budget(available_bytes: int, per_token: float, fixed_bytes: int, page_
     return max(int(free // (per_token * page_size)), 0) * page_size
 
 
-def our_bytes_per_token(cfg, window_rings: bool) -> float:
-    """Bytes our model holds per SGLang token slot: `KVPools` (window + compressed KV + index keys)
-    and the token-id store."""
+def our_bytes_per_token(cfg, window_rings: bool, speculative: bool = False) -> float:
+    """Bytes our model holds per SGLang token slot: `KVPools` (window + compressed KV + index keys;
+    with DSPARK the drafter stages' window KV too) and the token-id store."""
     from sglang_dsv41.runtime.pools import KVPools
 
-    return KVPools.bytes_per_token(cfg, window_rings)["total"] + TOKEN_STORE_BYTES
+    return KVPools.bytes_per_token(cfg, window_rings, speculative)["total"] + TOKEN_STORE_BYTES
 
 
 def _ours(kvc) -> bool:
@@ -62,10 +62,19 @@ def _ours(kvc) -> bool:
     return isinstance(kvc.model, DeepseekV41ForCausalLM) and not kvc.is_draft_worker
 
 
+@functools.cache
 def _no_op_pool_class():
+    """SGLang's NoOpMHATokenToKVPool without KV copy: it holds no KV, so there is nothing to move between
+    slots, and SGLang turns the copy on for speculative decoding, whose warmup launches a Triton kernel
+    (no device on our CPU platform)."""
     from sglang.srt.mem_cache.memory_pool import NoOpMHATokenToKVPool
 
-    return NoOpMHATokenToKVPool
+    class Dsv41GenericPool(NoOpMHATokenToKVPool):
+        def __init__(self, *args, **kwargs):
+            kwargs["enable_kv_cache_copy"] = False
+            super().__init__(*args, **kwargs)
+
+    return Dsv41GenericPool
 
 
 def use_no_op_generic_pool(original, kvc, *args, kind=None, default=None, **kwargs):
@@ -128,9 +137,12 @@ def size_from_our_bytes(result, kvc, *args, **kwargs):
     per_req = KVPools.bytes_per_request_slot(cfg, rings)
     placeholders = generic_placeholder_bytes(kvc)
     fixed = (req_slots + 1) * per_req + placeholders  # req_to_token has one row more than requests
-    per_token = our_bytes_per_token(cfg, rings) + GENERIC_BYTES_PER_TOKEN
+    from sglang_dsv41.sglang.model.deepseek_v41 import dspark_enabled
+
+    ours = our_bytes_per_token(cfg, rings, dspark_enabled())
+    per_token = ours + GENERIC_BYTES_PER_TOKEN
     detail = (f"{req_slots + 1} request slots x {per_req} B + generic pool placeholders {placeholders} B; "
-              f"per token: ours {our_bytes_per_token(cfg, rings):g} B + generic pool {GENERIC_BYTES_PER_TOKEN} B")
+              f"per token: ours {ours:g} B + generic pool {GENERIC_BYTES_PER_TOKEN} B")
     return _configurator_class()(per_token, fixed, detail)
 
 
@@ -148,7 +160,8 @@ def allocate_at_load(result, kvc, *args, **kwargs):
 
 
 def generic_pool_facts(pool) -> tuple[str, float, int]:
-    """(class name, bytes per token slot, fixed bytes) of SGLang's generic pool as allocated."""
+    """(SGLang class name, bytes per token slot, fixed bytes) of SGLang's generic pool as allocated."""
     held = sum(t.numel() * t.element_size() for t in list(getattr(pool, "k_buffer", [])) + list(getattr(pool, "v_buffer", [])))
     per_token = sum(pool.get_kv_size_bytes()) / max(int(pool.size), 1)
-    return type(pool).__name__, per_token, int(held - per_token * int(pool.size))
+    name = next(c.__name__ for c in type(pool).__mro__ if c.__module__.startswith("sglang."))
+    return name, per_token, int(held - per_token * int(pool.size))

@@ -8,12 +8,13 @@ from sglang_dsv41.runtime.pools import KVPools
 
 
 def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_size: int, max_context: int,
-                   engram_host=None, replay=None, generic_pool=None) -> str:
+                   engram_host=None, replay=None, generic_pool=None, speculative: bool = False) -> str:
     """`engram_host`: the `EngramHostPlacement` when the Engram tables live in host memory (its block
     follows). `replay`: the resolved `ReplayModes` (None: both off). `generic_pool`: (class name, bytes
-    per token slot, fixed bytes) of SGLang's generic KV pool as allocated (kv_budget.generic_pool_facts)."""
+    per token slot, fixed bytes) of SGLang's generic KV pool as allocated (kv_budget.generic_pool_facts).
+    `speculative`: --speculative-algorithm DSPARK (the drafter's stages and their window KV are listed)."""
     rings = bool(replay and replay.encoder)
-    b = KVPools.bytes_per_token(cfg, window_rings=rings)
+    b = KVPools.bytes_per_token(cfg, window_rings=rings, speculative=speculative)
     W = cfg.attention.window_size
     per_req = KVPools.bytes_per_request_slot(cfg, window_rings=rings)
     pool_bytes = b["total"] * num_slots + per_req * num_req_slots
@@ -31,7 +32,8 @@ def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_si
         f"    encoder (window KV in request rings, rebuilt on prefix hits): {'on' if rings else 'off'}",
         "  KV bytes per cached token:",
         f"    compressed KV + index keys (KV sources, prefix-cacheable): {b['compressed']:g} B",
-        f"    FP8 window KV ({cfg.window_kv_bytes_per_token} B x {cfg.num_layers} layers): "
+        f"    FP8 window KV ({cfg.window_kv_bytes_per_token} B x {cfg.num_layers} layers"
+        f"{f' + {cfg.dspark.n_stages} drafter stage(s)' if speculative else ''}): "
         + ("none (request rings)" if rings else f"{b['window']:g} B, kept for every cached token"),
         f"    total per cached token: {b['total']:g} B (encoder replay off: {slots_b:g} B, on: {rings_b:g} B)",
         f"  window ring per request slot (last {W} tokens x {cfg.num_layers} layers): {ring_req} B"
@@ -44,6 +46,13 @@ def startup_report(cfg: ModelConfig, num_slots: int, num_req_slots: int, page_si
         f"(per GiB: {int(2**30 // slots_b)} vs {int(2**30 // rings_b)})",
         f"  max context tokens: {max_context}",
     ]
+    if speculative:
+        ds = cfg.dspark
+        lines += [
+            f"  DSPARK drafter (checkpoint mtp.*): {ds.n_stages} window-only stage(s), reading the stream mean before "
+            f"layers {list(ds.target_layer_ids)}; gamma {ds.block_size} drafts, chain verify of {ds.block_size + 1} "
+            f"rows per request",
+        ]
     if generic_pool is not None:
         name, per_token, fixed = generic_pool
         lines.append(f"  SGLang generic KV pool ({name}, never read): {per_token:g} B per token slot, {fixed} B fixed")

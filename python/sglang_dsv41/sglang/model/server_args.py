@@ -37,9 +37,16 @@ def resolve_model_name(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
+def is_dspark(cfg: Any) -> bool:
+    """DSPARK requested (SGLang upper-cases the name after the provider has run)."""
+    spec = getattr(cfg, "speculative_algorithm", None)
+    return spec is not None and str(spec).upper() == "DSPARK"
+
+
+def _flag_errors(cfg: Any, on_cpu: bool, model_cfg: Any = None) -> list[tuple[str, str]]:
     """(flag, why) for every requested feature V4.1 (or this implementation) cannot serve.
-    `--enable-return-routed-experts` is served on every device (on CPU through cpu_host_alloc.py)."""
+    `--enable-return-routed-experts` is served on every device (on CPU through cpu_host_alloc.py), except
+    with DSPARK. `model_cfg`: our ModelConfig of the checkpoint, None when unknown."""
     spec = getattr(cfg, "speculative_algorithm", None)
     tp, ep = getattr(cfg, "tp_size", 1) or 1, getattr(cfg, "ep_size", 1) or 1
     total, page = getattr(cfg, "max_total_tokens", None), getattr(cfg, "page_size", None) or DEFAULT_PAGE_SIZE
@@ -52,9 +59,6 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
          bool(getattr(cfg, "enable_two_batch_overlap", False))),
         ("--speculative-algorithm", f"DeepSeek-V4.1 accepts only DSPARK speculative decoding, got {spec!r}",
          spec is not None and str(spec).upper() != "DSPARK"),
-        ("--speculative-algorithm", "serving DSPARK through SGLang is not implemented by sglang-dsv41 yet (the "
-         "drafter runs in the engine-agnostic runtime and the offline driver: docs/dspark.md)",
-         spec is not None and str(spec).upper() == "DSPARK"),
         ("--enable-unified-memory", "DeepSeek-V4.1 does not support the unified KV layout",
          bool(getattr(cfg, "enable_unified_memory", False))),
         # not implemented by sglang-dsv41 yet (each would silently compute something else)
@@ -77,7 +81,8 @@ def _flag_errors(cfg: Any, on_cpu: bool) -> list[tuple[str, str]]:
         ("--enable-eplb", "EPLB needs SGLang's expert recorder, which DeepSeek-V4.1's MoE does not report to",
          bool(getattr(cfg, "enable_eplb", False))),
     ]
-    return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg)
+    dspark = _dspark_errors(cfg, model_cfg) if is_dspark(cfg) else []
+    return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg) + dspark
 
 
 ENCODER = "--enable-encoder-swa-bounded-replay"
@@ -112,6 +117,87 @@ def _replay_errors(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
+RAGGED_VERIFY_VAR = "SGLANG_RAGGED_VERIFY_MODE"
+_NO_DRAFT_RUNNER = ("the drafter is the checkpoint's own mtp.* stages, run by the target model (there is no draft "
+                    "model runner)")
+_LOSSLESS_ONLY = "only lossless chain rejection sampling is implemented for DSPARK"
+_REJECTED_ROWS = "is not implemented with DSPARK (the verify's rejected draft rows would be reported too)"
+
+
+def _dspark_errors(cfg: Any, model_cfg: Any) -> list[tuple[str, str]]:
+    """(flag, why) for DSPARK combinations sglang-dsv41 cannot serve. `model_cfg` None (config unreadable):
+    the checks that need the checkpoint's drafter are skipped."""
+    get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    out = _dspark_checkpoint_errors(cfg, model_cfg) if model_cfg is not None else []
+    mode = os.environ.get(RAGGED_VERIFY_VAR, "static")
+    checks = [
+        ("--tp-size", f"DSPARK over {get('tp_size')} ranks is not implemented by sglang-dsv41 yet (parallel/ shards no "
+         "mtp.* stage, and draft and accept sampling would have to agree across ranks)", (get("tp_size", 1) or 1) > 1),
+        ("--enable-dp-attention", "DSPARK with data-parallel attention (--attn-dp-size > 1) is not implemented by "
+         "sglang-dsv41", bool(get("enable_dp_attention", False)) or (get("attn_dp_size", 1) or 1) > 1),
+        ("--enable-encoder-swa-bounded-replay", "DSPARK with encoder SWA bounded replay is not implemented by "
+         "sglang-dsv41 yet (a verify writes past the forward's end, which the request windows follow)",
+         bool(get("enable_encoder_swa_bounded_replay", False))),
+        ("--enable-mixed-chunk", "DSPARK with mixed prefill/decode batches is not implemented by sglang-dsv41 yet "
+         "(running speculative rows would join a prefill as 1-token extend rows)",
+         bool(get("enable_mixed_chunk", False))),
+        ("--speculative-draft-model-path", f"{_NO_DRAFT_RUNNER}; a draft path other than --model-path "
+         f"({get('model_path')}) cannot be served, got {get('speculative_draft_model_path')}",
+         not _same_checkpoint(get("speculative_draft_model_path"), get("model_path"))),
+        ("--speculative-use-block-verification", _LOSSLESS_ONLY,
+         bool(get("speculative_use_block_verification", False))),
+        ("--speculative-accept-threshold-single", f"{_LOSSLESS_ONLY}; a threshold other than 1.0 is lossy, got "
+         f"{get('speculative_accept_threshold_single')}", get("speculative_accept_threshold_single", 1.0) != 1.0),
+        ("--speculative-accept-threshold-acc", f"{_LOSSLESS_ONLY}; a threshold other than 1.0 is lossy, got "
+         f"{get('speculative_accept_threshold_acc')}", get("speculative_accept_threshold_acc", 1.0) != 1.0),
+        ("--speculative-adaptive", "DSPARK verifies every one of gamma + 1 rows each step; adaptive step counts are "
+         "not implemented", bool(get("speculative_adaptive", False))),
+        (RAGGED_VERIFY_VAR, f"only 'static' is implemented (every gamma + 1 row verified), got {mode!r}",
+         mode != "static"),
+        ("--speculative-dspark-sps-table-path", "the ragged-verify budget is not implemented by sglang-dsv41 "
+         "(every gamma + 1 row is verified)", get("speculative_dspark_sps_table_path") is not None),
+        ("--speculative-dspark-confidence-sts-path", "the confidence head drives no verify budget in sglang-dsv41 "
+         "(every gamma + 1 row is verified)", get("speculative_dspark_confidence_sts_path") is not None),
+        ("--speculative-dspark-align-verify-tokens-to-graph-tier", "sglang-dsv41 verifies every gamma + 1 row and "
+         "captures no CUDA graph tiers", bool(get("speculative_dspark_align_verify_tokens_to_graph_tier", False))),
+        ("--enable-return-routed-experts", _REJECTED_ROWS, bool(get("enable_return_routed_experts", False))),
+        ("--enable-return-hidden-states", _REJECTED_ROWS, bool(get("enable_return_hidden_states", False))),
+    ]
+    ignored = [("--speculative-draft-attention-backend", "speculative_draft_attention_backend"),
+               ("--speculative-draft-load-format", "speculative_draft_load_format"),
+               ("--speculative-moe-runner-backend", "speculative_moe_runner_backend"),
+               ("--speculative-token-map", "speculative_token_map")]
+    checks += [(flag, f"{_NO_DRAFT_RUNNER}, so it would be ignored", get(name) is not None) for flag, name in ignored]
+    return out + [(flag, why) for flag, why, bad in checks if bad]
+
+
+def _dspark_checkpoint_errors(cfg: Any, model_cfg: Any) -> list[tuple[str, str]]:
+    """The checkpoint's drafter: present, and the block size the flags ask for."""
+    if model_cfg.dspark is None:
+        return [("--speculative-algorithm", "this checkpoint has no DSpark drafter (no mtp.* stages, or "
+                 "dspark_block_size 0)")]
+    gamma = model_cfg.dspark.block_size
+    block = getattr(cfg, "speculative_dspark_block_size", None)
+    tokens = getattr(cfg, "speculative_num_draft_tokens", None)
+    checks = [
+        ("--speculative-dspark-block-size", f"the checkpoint's drafter drafts gamma = {gamma} tokens per step, got "
+         f"{block}", block is not None and block != gamma),
+        ("--speculative-num-draft-tokens", f"must be gamma + 1 = {gamma + 1} for the checkpoint's drafter, got "
+         f"{tokens}", tokens is not None and tokens != gamma + 1),
+    ]
+    return [(flag, why) for flag, why, bad in checks if bad]
+
+
+def _same_checkpoint(draft: str | None, model: str | None) -> bool:
+    """No draft path, or the model's own (the same directory spelled differently counts)."""
+    if draft is None or draft == model:
+        return True
+    try:
+        return model is not None and os.path.samefile(draft, model)
+    except OSError:
+        return False
+
+
 def resolve_decoder_replay(cfg: Any, raw: dict) -> bool | None:
     """The tri-state decoder flag: an explicit --[no-]enable-decoder-swa-bounded-replay wins (None is
     returned: nothing to declare); otherwise on, unless every prompt row's hidden state is asked for.
@@ -121,10 +207,11 @@ def resolve_decoder_replay(cfg: Any, raw: dict) -> bool | None:
     return not bool(getattr(cfg, "enable_return_hidden_states", False))
 
 
-def validate_flags(cfg: Any, on_cpu: bool) -> None:
-    """Raise ValueError naming the first unsupported flag (or a bad SGLANG_DSV41_DETERMINISTIC value)."""
+def validate_flags(cfg: Any, on_cpu: bool, model_cfg: Any = None) -> None:
+    """Raise ValueError naming the first unsupported flag (or a bad SGLANG_DSV41_DETERMINISTIC value).
+    `model_cfg`: our ModelConfig of the checkpoint (needed for the DSPARK drafter checks), None when unknown."""
     deterministic()
-    errors = _flag_errors(cfg, on_cpu)
+    errors = _flag_errors(cfg, on_cpu, model_cfg)
     if errors:
         flag, why = errors[0]
         raise ValueError(f"{flag}: {why}; remove it to serve DeepSeek-V4.1")

@@ -16,6 +16,7 @@ from sglang_dsv41.sglang.requests.validation import (
     chat_request_error,
     completion_request_error,
     detokenize_request_error,
+    dspark_sampling_error,
     generate_body_error,
     named_contract_error,
     prompt_length_error,
@@ -140,6 +141,8 @@ def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
     error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size))
     if not error and getattr(obj, "return_routed_experts", False) is True:
         error = routed_experts_error(True, routed_experts_served())
+    if not error and str(getattr(tm.server_args, "speculative_algorithm", None) or "").upper() == "DSPARK":
+        error = dspark_sampling_error(getattr(obj, "sampling_params", None), getattr(obj, "custom_logit_processor", None))
     if not error and input_ids is not None:  # the scheduler's length limit, refused here with the number that fits
         field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
         error = prompt_length_error(len(input_ids), request_limits(tm), field)

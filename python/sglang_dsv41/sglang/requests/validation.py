@@ -204,6 +204,30 @@ def sampling_error(params: Any, vocab_size: int, field: str = "sampling_params")
     )
 
 
+DSPARK_UNSUPPORTED = (
+    ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0),
+    ("logit_bias", None), ("json_schema", None), ("regex", None), ("ebnf", None), ("structural_tag", None),
+    ("custom_params", None),
+)
+"""Sampling parameters (with their no-op value) the DSPARK draft and verify do not apply."""
+
+
+def dspark_sampling_error(params: Any, custom_logit_processor: Any = None, field: str = "sampling_params") -> str | None:
+    """Under --speculative-algorithm DSPARK: a request asking for what the speculative step does not
+    apply (penalties, min_new_tokens, logit bias, grammars, custom logit processors) is refused rather
+    than answered as if it were not there."""
+    why = "is not supported with --speculative-algorithm DSPARK (the draft and verify steps do not apply it)"
+    if custom_logit_processor:
+        return f"custom_logit_processor {why}"
+    if not isinstance(params, dict):
+        return None
+    for name, neutral in DSPARK_UNSUPPORTED:
+        value = params.get(name)
+        if value is not None and value != neutral and value != {} and value != []:
+            return f"{field}.{name} {why}; leave it unset"
+    return None
+
+
 MAX_STOPS = 64
 """Most `stop` strings or `stop_regex` patterns one request may give (SGLang searches each on every step)."""
 MAX_STOP_CHARS = 4096
