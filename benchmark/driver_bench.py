@@ -17,6 +17,8 @@ unless --no-graph.
 --check (CUDA): host syncs of one step (torch.cuda.set_sync_debug_mode) for the eager and the
   fixed-shape step, and graph replay vs the eager fixed-shape step vs the eager step, bitwise, over
   a short real prefill + decode.
+--dspark [--simulate-accept-len X]: DSpark speculative decoding vs plain decode per batch size of --sweep
+  (or --prompts), graphs and eager, random weights with X tokens committed per verify (dspark_bench.py).
 --profile (CUDA): torch.profiler of one graph replay and one eager fixed-shape step per sweep batch,
   and (end to end) of one prompt's prefill: the ops with the most device time.
 Everything printed is also written to <results-dir>/<date>-<device>-decode-graph.md (with --sweep /
@@ -377,7 +379,17 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="CUDA: top ops of one step per sweep batch")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
+    ap.add_argument("--dspark", action="store_true", help="DSpark speculative decode vs plain decode, graphs and eager, "
+                    "per batch size of --sweep (else --prompts): benchmark/dspark_bench.py")
+    ap.add_argument("--simulate-accept-len", type=float, default=3.0,
+                    help="--dspark on random weights: committed tokens per verify (forced acceptance)")
     a = ap.parse_args()
+    if a.dspark:
+        import dspark_bench
+
+        return dspark_bench.main(["--preset", a.preset, "--batches", a.sweep or str(a.prompts), "--prompt-len",
+                                  str(a.prompt_len), "--decode", str(a.decode), "--page-size", str(a.page_size),
+                                  "--simulate-accept-len", str(a.simulate_accept_len), "--results-dir", a.results_dir])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     t0 = time.perf_counter()

@@ -8,11 +8,12 @@ a fixed schedule of accept lengths with the given mean, runtime/speculative.py `
 Per batch size B: B random prompts of --prompt-len tokens prefilled, then --decode new tokens each by
   plain, graph    the driver's decode with one CUDA graph per batch size (today's serving path)
   plain, eager    the same steps without graphs
-  DSpark, eager   draft (gamma rows per request) + verify (gamma + 1 rows) + commit per step, no graphs
+  DSpark, graph   draft (gamma rows per request) + verify (gamma + 1 rows) + commit per step, as the two
+                  CUDA graphs of runtime/spec_graph.py (per batch size)
+  DSpark, eager   the same steps without graphs
 tokens/s = B x decoded tokens / decode time; "step" = decode time / steps (a DSpark step commits
---simulate-accept-len tokens per request on average). The speculative steps are not graph-captured
-in this version: the ratio to "plain, graph" is what a user gets, the ratio to "plain, eager" the
-algorithmic gain. Printed and appended to <results-dir>/<date>-<device>-dspark.md with the command.
+--simulate-accept-len tokens per request on average). "DSpark graph / plain graph" is what a user
+gets; the eager ratio is the algorithmic gain without launch overheads. Printed and appended to <results-dir>/<date>-<device>-dspark.md with the command.
 --model M --task N: checkpoint M's own drafter (no simulation) on N held-out task prompts, one request
 at a time (batch 1), greedy until end-of-sentence: plain decode vs DSpark, tokens/s and the measured
 accept length (the same tokens either way).
@@ -55,12 +56,12 @@ def plain(model, table, dev, prompts, new, page, graphs: bool) -> tuple[float, f
     return st["decode_tok_s"], 1000 * st["decode_s"] / max(new - 1, 1)
 
 
-def spec(model, table, dev, prompts, new, page, accept: float) -> tuple[float, float, float]:
-    """-> (decode tokens/s, ms per step, measured accept length)."""
+def spec(model, table, dev, prompts, new, page, accept: float, graphs: bool) -> tuple[float, float, float]:
+    """-> (decode tokens/s, ms per step, measured accept length); one untimed run first."""
     g = model.cfg.dspark.block_size
-    tokens = len(prompts) * (len(prompts[0]) + new + 2 * (g + 1) + 8) + len(prompts) * page
+    tokens = len(prompts) * (len(prompts[0]) + new + 2 * (g + 1) + 8) + 2 * len(prompts) * page
     drv = Driver(model, tokens, len(prompts), page, dev, ops=table, speculative=True)
-    dec = SpecDecoder(drv)
+    dec = SpecDecoder(drv, graphs=graphs)
     dec.generate(prompts, 8, simulate_accept=accept)
     out, st = dec.generate(prompts, new, simulate_accept=accept)
     steps = st.verifies / len(prompts)
@@ -81,7 +82,7 @@ def task_rows(a, dev) -> None:
     eos = renderer.eos_id
     plain_drv = Driver(model, 4096, 1, 64, dev, ops=table, graphs=dev == "cuda")
     spec_drv = Driver(model, 4096, 1, 64, dev, ops=table, speculative=True)
-    dec = SpecDecoder(spec_drv)
+    dec = SpecDecoder(spec_drv, graphs=dev == "cuda")
     t_plain = t_spec = 0.0
     n_plain = n_spec = verifies = same = 0
     for p in prompts:
@@ -103,7 +104,7 @@ def task_rows(a, dev) -> None:
         f"{n_spec / max(verifies, 1):.2f} | {same} of {len(prompts)} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--batches", default="1,8,64")
@@ -114,7 +115,7 @@ def main() -> None:
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     ap.add_argument("--model", help="a checkpoint with a trained drafter (with --task)")
     ap.add_argument("--task", type=int, default=0, help="held-out task prompts for --model's own drafter")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if not 1.0 <= a.simulate_accept_len <= 6.0 or a.decode < 2 or a.prompt_len < 1 or a.task < 0:
         ap.error("--simulate-accept-len must be in 1 .. gamma + 1, --decode >= 2, --prompt-len >= 1, --task >= 0")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -141,17 +142,20 @@ def main() -> None:
     say(f"`{a.preset}` preset (random weights), drafter: {ds.n_stages} stages, gamma {ds.block_size}; "
         f"prompts {a.prompt_len} tokens, {a.decode} new tokens per request; simulated accept length "
         f"{a.simulate_accept_len} (committed tokens per verify, bonus included).\n")
-    say("| batch | plain graph tok/s | plain graph ms/step | plain eager tok/s | DSpark eager tok/s | DSpark ms/step "
-        "| accept len | DSpark / plain graph | DSpark / plain eager | DSpark step / plain graph step |")
-    say("|---|---|---|---|---|---|---|---|---|---|")
+    say("| batch | plain graph tok/s | plain graph ms/step | plain eager tok/s | DSpark graph tok/s | DSpark graph "
+        "ms/step | DSpark eager tok/s | accept len | DSpark graph / plain graph | DSpark graph step / plain graph step "
+        "| DSpark eager / plain eager |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    cuda = dev == "cuda"
     for b in [int(x) for x in a.batches.split(",")]:
         prompts = random_prompts(model.cfg.vocab_size, b, a.prompt_len, seed=b)
         t0 = time.perf_counter()
-        g_tps, g_ms = plain(model, table, dev, prompts, a.decode, a.page_size, graphs=dev == "cuda")
+        g_tps, g_ms = plain(model, table, dev, prompts, a.decode, a.page_size, graphs=cuda)
         e_tps, _ = plain(model, table, dev, prompts, a.decode, a.page_size, graphs=False)
-        s_tps, s_ms, acc = spec(model, table, dev, prompts, a.decode, a.page_size, a.simulate_accept_len)
-        say(f"| {b} | {g_tps:,.0f} | {g_ms:.2f} | {e_tps:,.0f} | {s_tps:,.0f} | {s_ms:.2f} | {acc:.2f} | "
-            f"{s_tps / g_tps:.2f}x | {s_tps / e_tps:.2f}x | {s_ms / g_ms:.2f}x |")
+        sg_tps, sg_ms, acc = spec(model, table, dev, prompts, a.decode, a.page_size, a.simulate_accept_len, graphs=cuda)
+        se_tps, _, _ = spec(model, table, dev, prompts, a.decode, a.page_size, a.simulate_accept_len, graphs=False)
+        say(f"| {b} | {g_tps:,.0f} | {g_ms:.2f} | {e_tps:,.0f} | {sg_tps:,.0f} | {sg_ms:.2f} | {se_tps:,.0f} | {acc:.2f} | "
+            f"{sg_tps / g_tps:.2f}x | {sg_ms / g_ms:.2f}x | {se_tps / e_tps:.2f}x |")
         print(f"  (batch {b}: {time.perf_counter() - t0:.0f} s)", flush=True)
     out = Path(a.results_dir) / f"{day}-{'h200' if 'H200' in name else dev}-dspark.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,8 +123,11 @@ def main(argv: list[str] | None = None) -> None:
              "| server | completion tokens | summed latency (s) | tokens/s | vs plain |", "|---|---|---|---|---|"]
     base = rows[0][3]
     lines += [f"| {n} | {t} | {s:.2f} | {r:.1f} | {r / base:.2f}x |" for n, t, s, r in rows]
-    lines += ["", f"- accept length (SGLang's: completion tokens / verifies): {accept:.2f} of {ds.block_size + 1} "
-              f"({verifies} verifies)",
+    decoded = sum(o["meta_info"]["completion_tokens"] - 1 for o in spec)  # the prefill samples the first token
+    lines += ["", f"- accept length (SGLang's: completion tokens / verifies, the prefill's token included): {accept:.2f} "
+              f"of {ds.block_size + 1} ({verifies} verifies)",
+              f"- tokens per verify (the prefill's token not counted; EOS cuts the last block): "
+              f"{decoded / verifies:.2f}",
               "- accept rate by draft position (verifies whose draft k was accepted): "
               + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(by_pos)),
               f"- outputs identical to the plain server's: {same} of {a.prompts}"]

@@ -83,7 +83,7 @@ def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, si
         keys = F.pad(keys, (0, 0, 0, pad))
         valid = F.pad(valid, (0, pad), value=False)
     qf = q.float()
-    sc = torch.tensor(scale, dtype=torch.float32, device=q.device)
+    sc = torch.full((), scale, dtype=torch.float32, device=q.device)  # a fill: no host copy (graph-capturable)
     acc = torch.zeros(t, h, d, dtype=torch.float32, device=q.device)
     denom = torch.zeros(t, h, dtype=torch.float32, device=q.device)
     run_max = torch.full((t, h), RUN_MAX_START, dtype=torch.float32, device=q.device)

@@ -34,7 +34,7 @@ _F32_POW2_M127_BITS = 0x00400000  # bits of 2**-127 (an fp32 subnormal)
 
 def _f32_const(value: float, like: torch.Tensor) -> torch.Tensor:
     """0-dim fp32 tensor on ``like``'s device (avoids scalar fast paths such as a*(1/b))."""
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    return torch.full((), value, dtype=torch.float32, device=like.device)  # a fill: no host copy (graph-capturable)
 
 
 def ue8m0_ceil_scale(amax: torch.Tensor, max_inv: float) -> torch.Tensor:

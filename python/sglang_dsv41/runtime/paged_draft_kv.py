@@ -11,6 +11,10 @@ A draft step of request b with last context position p lists, per block row, Dee
 newest position <= p congruent to j mod W), read from the pool, then the gamma block rows' own keys
 (never stored). Lists are exactly that long (`full_tiles=False`), so requests attend in groups of
 equal length; the values are the dense KV's bit for bit (the pool holds the FP8 grid exactly).
+
+Fixed shapes (a captured DSpark step, runtime/spec_graph.py): `for_draft(full_window=True)` assumes
+every request has at least W context positions, so all lists are W + gamma long and there is one
+group (no host read); `for_context(live=)` writes slot -1 (nothing) for the rows marked dead.
 """
 
 from __future__ import annotations
@@ -25,26 +29,32 @@ from sglang_dsv41.runtime.pools import KVPools
 
 class PagedDraftKV:
     def __init__(self, pools: KVPools, token_table: torch.Tensor, req_slots: torch.Tensor, ops,
-                 positions: torch.Tensor, req_index: torch.Tensor):
+                 positions: torch.Tensor, req_index: torch.Tensor, live: torch.Tensor | None = None,
+                 full_window: bool = False):
         self.pools, self.table, self.req_slots, self.ops = pools, token_table, req_slots, ops
         self.cfg = pools.cfg
         self.window, self.gamma = self.cfg.attention.window_size, self.cfg.dspark.block_size
         self.positions, self.req = positions, req_index
+        self.live, self.full_window = live, full_window
         self._block: torch.Tensor | None = None
         self.last: torch.Tensor | None = None
 
     @classmethod
-    def for_context(cls, pools, token_table, req_slots, ops, positions, req_index) -> "PagedDraftKV":
-        """Context rows: int64 positions [n] of requests req_index [n] (rows of `token_table`)."""
-        return cls(pools, token_table, req_slots, ops, positions, req_index)
+    def for_context(cls, pools, token_table, req_slots, ops, positions, req_index,
+                    live: torch.Tensor | None = None) -> "PagedDraftKV":
+        """Context rows: int64 positions [n] of requests req_index [n] (rows of `token_table`);
+        live bool [n] (None: all) rows that are stored."""
+        return cls(pools, token_table, req_slots, ops, positions, req_index, live=live)
 
     @classmethod
-    def for_draft(cls, pools, token_table, req_slots, ops, last: torch.Tensor) -> "PagedDraftKV":
-        """One draft step per request: last int64 [B] its last context position."""
+    def for_draft(cls, pools, token_table, req_slots, ops, last: torch.Tensor, full_window: bool = False) -> "PagedDraftKV":
+        """One draft step per request: last int64 [B] its last context position. `full_window`: every
+        request has last >= W - 1 (fixed shapes; the caller guarantees it)."""
         g = pools.cfg.dspark.block_size
         B = last.numel()
         pos = (last.unsqueeze(-1) + 1 + torch.arange(g, device=last.device)).flatten()
-        kv = cls(pools, token_table, req_slots, ops, pos, torch.arange(B, device=last.device).repeat_interleave(g))
+        kv = cls(pools, token_table, req_slots, ops, pos, torch.arange(B, device=last.device).repeat_interleave(g),
+                 full_window=full_window)
         kv.last = last
         return kv
 
@@ -62,6 +72,8 @@ class PagedDraftKV:
     def add_context(self, attn, kv: torch.Tensor, freqs) -> None:
         norm = attn.kv_norm
         slots = self._slots(self.req, self.positions)
+        if self.live is not None:
+            slots = torch.where(self.live, slots, -1)
         self.ops.window_kv_store(kv, norm.weight, norm.eps, *freqs, slots, self.pools.window[attn.role.layer_id])
 
     def store_window(self, attn, kv: torch.Tensor, freqs) -> None:
@@ -75,8 +87,9 @@ class PagedDraftKV:
         ring = ring_positions(last, self.window)  # [B, W] positions in DeepSeek's slot order
         slots = self._slots(torch.arange(B, device=last.device).unsqueeze(-1).expand_as(ring), ring)
         out = torch.empty_like(q)
-        for n in torch.unique(n_ctx).tolist():
-            reqs = torch.nonzero(n_ctx == n).flatten()
+        groups = [self.window] if self.full_window else torch.unique(n_ctx).tolist()
+        for n in groups:
+            reqs = torch.arange(B, device=q.device) if self.full_window else torch.nonzero(n_ctx == n).flatten()
             rows = (reqs.unsqueeze(-1) * g + torch.arange(g, device=q.device)).flatten()
             ctx = window_kv_unpack(pool[slots[reqs, :n].flatten()]).view(reqs.numel(), n, -1)
             block = self._block[rows].view(reqs.numel(), g, -1)

@@ -220,14 +220,17 @@ class PagedKV:
             kv_even = torch.where(from_pending.unsqueeze(-1), pend[:, 0], kv[prev])
             sc_even = torch.where(from_pending.unsqueeze(-1), pend[:, 1], score[prev])
             latent = comp.pool(torch.stack([kv_even, kv], 1).flatten(0, 1), torch.stack([sc_even, score], 1).flatten(0, 1))
-            last = torch.cumsum(b.extend_lens, 0) - 1
-            parks = (b.positions[last] % 2 == 0).view(-1, 1, 1)
-            pending, slots = self.pools.pending[lid], b.req_slots
-            state = torch.where(parks, torch.stack([kv[last], score[last]], 1), pending[slots])  # [B, 2, D]
-            if b.real_rows is not None:  # a padding request may name a real one's slot: it repeats request 0's write
-                src = writer_rows(b.real_rows, slots.numel())
-                slots, state = slots[src], state[src]
-            pending[slots] = state
+            if b.verify:  # rows may be rejected: the commit parks the pending pair
+                self.pair_state[lid] = (kv, score)
+            else:
+                last = torch.cumsum(b.extend_lens, 0) - 1
+                parks = (b.positions[last] % 2 == 0).view(-1, 1, 1)
+                pending, slots = self.pools.pending[lid], b.req_slots
+                state = torch.where(parks, torch.stack([kv[last], score[last]], 1), pending[slots])  # [B, 2, D]
+                if b.real_rows is not None:  # a padding request may name a real one's slot: repeat request 0's write
+                    src = writer_rows(b.real_rows, slots.numel())
+                    slots, state = slots[src], state[src]
+                pending[slots] = state
             c_slots = torch.where(closes, c_slots, -1)
         if self.live is not None:
             c_slots = torch.where(self.live, c_slots, -1)

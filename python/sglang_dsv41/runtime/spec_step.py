@@ -69,10 +69,11 @@ class DSparkStep:
         self.cfg, self.ops = runtime.cfg, runtime.ops
         self.gamma = self.cfg.dspark.block_size
 
-    def context(self, batch: Batch, hidden: torch.Tensor, positions: torch.Tensor, req: torch.Tensor) -> None:
+    def context(self, batch: Batch, hidden: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
+                live: torch.Tensor | None = None) -> None:
         """Rows (positions int64 [n] of requests req [n] of `batch`) with drafter inputs `hidden` ->
-        every stage's context window."""
-        dkv = PagedDraftKV.for_context(self.pools, batch.token_table, batch.req_slots, self.ops, positions, req)
+        every stage's context window (live bool [n]: only those rows; None: all)."""
+        dkv = PagedDraftKV.for_context(self.pools, batch.token_table, batch.req_slots, self.ops, positions, req, live)
         add_context(self.model.mtp, hidden, positions, dkv)
 
     def prefill(self, batch: Batch):
@@ -128,21 +129,30 @@ class DSparkStep:
             tokens = torch.where(rows.unsqueeze(1), s_tok, tokens)
         return accepted, tokens
 
-    def commit(self, v: Verified, accepted: torch.Tensor) -> None:
+    def commit(self, v: Verified, accepted: torch.Tensor, static: bool = False) -> None:
         """Rows 0 .. accepted[b] of request b become its committed positions: they become drafter
         context, and each ratio-2 KV source parks the pair state of the last committed even position
-        (a verify parks none). Rejected rows' KV stays in slots no committed row reads."""
+        (a verify parks none). Rejected rows' KV stays in slots no committed row reads. `static`:
+        fixed shapes (a captured step): every row runs the drafter's context projection and the
+        rejected ones store nothing; the pending state is rewritten through a `where`."""
         batch, g1 = v.batch, self.gamma + 1
         dev = batch.positions.device
         B = batch.req_slots.numel()
         accepted = accepted.to(dev)
         keep = torch.arange(g1, device=dev).unsqueeze(0) <= accepted.unsqueeze(-1)  # [B, g+1]
-        rows = torch.nonzero(keep.flatten()).flatten()
-        self.context(batch, v.hidden[rows], batch.positions[rows], batch.req_index[rows])
+        if static:
+            self.context(batch, v.hidden, batch.positions, batch.req_index, live=keep.flatten())
+        else:
+            rows = torch.nonzero(keep.flatten()).flatten()
+            self.context(batch, v.hidden[rows], batch.positions[rows], batch.req_index[rows])
         end = batch.prefix_lens + accepted  # last committed position per request
         park = torch.where(end % 2 == 0, end, end - 1)  # last committed even position
         ok = park >= batch.prefix_lens  # else parked by an earlier forward
-        park_rows = torch.arange(B, device=dev) * g1 + (park - batch.prefix_lens)
+        park_rows = torch.arange(B, device=dev) * g1 + (park - batch.prefix_lens).clamp_min(0)
         for lid, (kvs, score) in v.kv.pair_state.items():
-            r, req = park_rows[ok], batch.req_slots[ok]
-            self.pools.pending[lid][req] = torch.stack([kvs[r], score[r]], 1)
+            pending, slots = self.pools.pending[lid], batch.req_slots
+            state = torch.stack([kvs[park_rows], score[park_rows]], 1)  # [B, 2, D]
+            if static:
+                pending[slots] = torch.where(ok.view(-1, 1, 1), state, pending[slots])
+            else:
+                pending[slots[ok]] = state[ok]

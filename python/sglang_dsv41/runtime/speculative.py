@@ -31,6 +31,7 @@ import torch
 
 from sglang_dsv41.runtime.acceptance import distribution
 from sglang_dsv41.runtime.driver import Driver, Sequence
+from sglang_dsv41.runtime.spec_graph import SpecGraph
 from sglang_dsv41.runtime.spec_step import DSparkStep, RowSampling
 
 Propose = Callable[[list[Sequence], torch.Tensor], torch.Tensor]
@@ -68,13 +69,36 @@ def forced_accepts(mean: float, step: int) -> int:
 
 
 class SpecDecoder:
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: Driver, graphs: bool | None = None):
+        """`graphs`: greedy steps run as fixed-shape `SpecGraph`s, one per (batch size, capacity),
+        captured on CUDA (`driver.graph_capture` False: run eagerly through the same buffers); None:
+        as the driver's decode (`Driver(graphs=)`)."""
         cfg = driver.model.cfg
         if cfg.dspark is None or driver.pools.draft_stages != cfg.dspark.n_stages:
             raise ValueError("speculative decoding needs a DSpark checkpoint and Driver(..., speculative=True)")
         self.drv, self.model, self.cfg = driver, driver.model, cfg
         self.gamma = cfg.dspark.block_size
         self.spec = DSparkStep(driver.runtime)
+        use = driver.graphs is not None if graphs is None else graphs
+        self.graphs: dict[tuple[int, int], SpecGraph] | None = {} if use else None
+        self._graph_pool = None
+
+    def spec_graph(self, seqs: list[Sequence], max_new: int) -> SpecGraph:
+        """The graph for these prefilled sequences' remaining steps: pages for max_new more tokens and a
+        verify's overshoot are allocated now; capacity = the largest seq end, rounded up to a page."""
+        page = self.drv.page_size
+        need = max(s.cached + max_new + self.gamma + 1 for s in seqs)
+        cap = -(-max(need, self.cfg.attention.window_size + self.gamma + 2) // page) * page
+        key = (len(seqs), cap)
+        if key not in self.graphs:
+            if self._graph_pool is None and str(self.drv.device).startswith("cuda"):
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            hw = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
+            self.graphs[key] = SpecGraph(self.spec, len(seqs), cap, hw, capture=self.drv.graph_capture,
+                                         pool=self._graph_pool, scratch_slots=page)
+        g = self.graphs[key]
+        g.set_table(self.drv._table(seqs, cap))
+        return g
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], chunk: int) -> dict[int, torch.Tensor]:
@@ -165,10 +189,20 @@ class SpecDecoder:
         sync = torch.cuda.synchronize if str(self.drv.device).startswith("cuda") else (lambda: None)
         sync()
         t0, n_step = time.perf_counter(), 0
+        use_graphs = self.graphs is not None and sampling.temperature == 0 and propose is None
+        graph, graph_seqs = None, None
         while live:
             forced = None if simulate_accept is None else forced_accepts(simulate_accept - 1, n_step)
             n_step += 1
-            accepted, tokens = self.step(live, sampling, gen, propose, forced)
+            if use_graphs:
+                if graph_seqs != [s.req_slot for s in live]:  # a new batch: its graph and token table
+                    graph, graph_seqs = self.spec_graph(live, max_new), [s.req_slot for s in live]
+                hw = graph.hw
+                accepted, tokens = graph.step(
+                    [s.tokens[s.cached] for s in live], [s.cached for s in live], [s.req_slot for s in live],
+                    [[0] * max(0, hw - s.cached) + s.tokens[max(0, s.cached - hw) : s.cached] for s in live], forced)
+            else:
+                accepted, tokens = self.step(live, sampling, gen, propose, forced)
             acc, toks = accepted.tolist(), tokens.tolist()
             stats.verifies += len(live)
             for s, k, row in zip(live, acc, toks):
