@@ -124,6 +124,7 @@ REFUSED = [
     ({"speculative_draft_model_path": "/elsewhere"}, {}, "--speculative-draft-model-path", "/elsewhere"),
     ({"speculative_dspark_block_size": 4}, {}, "--speculative-dspark-block-size", "gamma = 5 .*got 4"),
     ({"speculative_num_draft_tokens": 8}, {}, "--speculative-num-draft-tokens", "gamma \\+ 1 = 6.*got 8"),
+    ({"page_size": 4}, {}, "--page-size", "2 x gamma = 10 .*got 4"),
     ({"speculative_use_block_verification": True}, {}, "--speculative-use-block-verification", "lossless"),
     ({"speculative_accept_threshold_single": 0.5}, {}, "--speculative-accept-threshold-single", "lossy"),
     ({"speculative_accept_threshold_acc": 0.5}, {}, "--speculative-accept-threshold-acc", "lossy"),

@@ -179,11 +179,16 @@ def _dspark_checkpoint_errors(cfg: Any, model_cfg: Any) -> list[tuple[str, str]]
     gamma = model_cfg.dspark.block_size
     block = getattr(cfg, "speculative_dspark_block_size", None)
     tokens = getattr(cfg, "speculative_num_draft_tokens", None)
+    page = getattr(cfg, "page_size", None)
     checks = [
         ("--speculative-dspark-block-size", f"the checkpoint's drafter drafts gamma = {gamma} tokens per step, got "
          f"{block}", block is not None and block != gamma),
         ("--speculative-num-draft-tokens", f"must be gamma + 1 = {gamma + 1} for the checkpoint's drafter, got "
          f"{tokens}", tokens is not None and tokens != gamma + 1),
+        # SGLang allocates each request up to ceil_page(committed + 2 (gamma + 1)) slots; the per-request overhead
+        # our admission counts (pool_limits.per_request_overhead: two pages and one slot) covers it when p >= 2 gamma
+        ("--page-size", f"with DSPARK a page must hold at least 2 x gamma = {2 * gamma} tokens (SGLang reserves "
+         f"2 (gamma + 1) slots ahead of every request), got {page}", page is not None and page < 2 * gamma),
     ]
     return [(flag, why) for flag, why, bad in checks if bad]
 
