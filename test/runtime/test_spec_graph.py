@@ -59,3 +59,36 @@ def test_fixed_shape_step_equals_the_eager_step(model, simulate):
         assert st_e.accept_length > 0.9 * simulate  # the schedule ran (cut only at max_new)
     for (name, key, a), (_, _, b) in zip(_pool_tensors(pools_e), _pool_tensors(pools_g)):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{name}[{key}]"
+
+
+def test_graph_rejects_inputs_it_was_not_built_for(model):
+    from sglang_dsv41.runtime.spec_graph import SpecGraph
+    from sglang_dsv41.runtime.spec_step import DSparkStep
+
+    cfg = model.cfg
+    hw = (cfg.engram.max_ngram_size - 1) if cfg.engram else 1
+    spec = DSparkStep(Driver(model, 1024, 4, page_size=64, speculative=True).runtime)
+    g = SpecGraph(spec, 2, 256, hw, capture=False)
+    ok = dict(anchors=[5, 6], cached=[130, 140], req_slots=[0, 1], history=[[1] * hw, [2] * hw])
+    with pytest.raises(ValueError, match="no token table"):
+        g.check(**ok)
+    with pytest.raises(ValueError, match=r"batch size 2, got a token table \(3, 256\)"):
+        g.set_table(torch.zeros(3, 256, dtype=torch.int64))
+    g.set_table(torch.arange(512, dtype=torch.int64).view(2, 256))
+    g.check(**ok)
+    bad = [
+        (dict(ok, anchors=[5]), "requests"),
+        (dict(ok, cached=[130, 251]), "cached lengths must be 1 .. 250"),
+        (dict(ok, anchors=[5, cfg.vocab_size]), "token id outside"),
+        (dict(ok, req_slots=[1, 1]), "distinct"),
+        (dict(ok, req_slots=[0, 4]), "distinct and in"),
+        (dict(ok, history=[[1] * (hw + 1)] * 2), "history row"),
+    ]
+    for kwargs, msg in bad:
+        with pytest.raises(ValueError, match=msg) as e:
+            g.step(**kwargs)
+        assert "DSpark graph captured for batch size 2, contexts up to 256 tokens" in str(e.value)
+    with pytest.raises(ValueError, match="capacity must be at least"):
+        SpecGraph(spec, 2, 64, hw, capture=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        SpecGraph(spec, 2, 256, hw, capture=True)

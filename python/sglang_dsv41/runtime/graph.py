@@ -39,6 +39,31 @@ from sglang_dsv41.runtime.batch import Batch
 WARMUP_STEPS = 2
 
 
+def check_requests(what: str, ids: Sequence[int], vocab: int, req_slots: Sequence[int], num_req_slots: int,
+                   history: Sequence[Sequence[int]], history_width: int, table_set: bool) -> None:
+    """The input checks every fixed-shape step shares (DecodeGraph, spec_graph.SpecGraph): ids in the
+    vocabulary, distinct request slots in range, full history rows, a token table set. Raises ValueError
+    starting with `what` (the captured shape)."""
+    if any(t < 0 or t >= vocab for t in ids):
+        raise ValueError(f"{what}: token id outside [0, {vocab})")
+    if any(r < 0 or r >= num_req_slots for r in req_slots) or len(set(req_slots)) != len(req_slots):
+        raise ValueError(f"{what}: request slots must be distinct and in [0, {num_req_slots})")
+    if any(len(h) != history_width for h in history):
+        raise ValueError(f"{what}: every history row needs {history_width} token ids")
+    if not table_set:
+        raise ValueError(f"{what}: no token table set (call set_table)")
+
+
+def copy_table(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    """dst int64 [B, capacity] <- src int64 [B, w] (pool slot of every position, -1 past the end):
+    columns past the capacity are dropped (no step reads them), missing ones become -1."""
+    if src.dim() != 2 or src.size(0) != dst.size(0):
+        raise ValueError(f"{what}, got a token table {tuple(src.shape)}")
+    w = min(src.size(1), dst.size(1))
+    dst.fill_(-1)
+    dst[:, :w].copy_(src[:, :w])
+
+
 class DecodeGraph:
     def __init__(self, runtime, batch_size: int, capacity: int, history_width: int, capture: bool | None = None,
                  pool=None, scratch_slots: int = 2):
@@ -98,15 +123,8 @@ class DecodeGraph:
             raise ValueError(f"{what}: got {len(input_ids)} requests (capture another graph for this batch size)")
         if any(p < 0 or p + 1 > cap for p in positions):
             raise ValueError(f"{what}: a request reaches {max(positions) + 1} tokens (positions must be 0..{cap - 1})")
-        if any(t < 0 or t >= self.vocab for t in input_ids):
-            raise ValueError(f"{what}: token id outside [0, {self.vocab})")
-        nreq = self.runtime.pools.num_req_slots
-        if any(r < 0 or r >= nreq for r in req_slots) or len(set(req_slots)) != B:
-            raise ValueError(f"{what}: request slots must be distinct and in [0, {nreq})")
-        if any(len(h) != self.hw for h in history):
-            raise ValueError(f"{what}: every history row needs {self.hw} token ids")
-        if not self._table_set:
-            raise ValueError(f"{what}: no token table set (call set_table)")
+        check_requests(what, input_ids, self.vocab, req_slots, self.runtime.pools.num_req_slots, history, self.hw,
+                       self._table_set)
 
     # ------------------------------------------------------------------ inputs
     @torch.inference_mode()
@@ -114,11 +132,7 @@ class DecodeGraph:
         """token_table int64 [B, w] pool slot of every position (-1 past the end); columns past the
         capacity are dropped (no step reads them), missing ones become -1. Call again whenever a
         request gets new pages."""
-        if token_table.dim() != 2 or token_table.size(0) != self.B:
-            raise ValueError(f"decode graph captured for batch size {self.B}, got a token table {tuple(token_table.shape)}")
-        w = min(token_table.size(1), self.capacity)
-        self.token_table.fill_(-1)
-        self.token_table[:, :w].copy_(token_table[:, :w])
+        copy_table(self.token_table, token_table, f"decode graph captured for batch size {self.B}")
         self._table_set = True
 
     @torch.inference_mode()

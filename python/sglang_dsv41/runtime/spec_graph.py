@@ -32,6 +32,7 @@ import torch
 from sglang_dsv41.layers.dspark import draft
 from sglang_dsv41.runtime.acceptance import accept_greedy
 from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.graph import check_requests, copy_table
 from sglang_dsv41.runtime.paged_draft_kv import PagedDraftKV
 from sglang_dsv41.runtime.spec_step import DSparkStep, Verified
 
@@ -88,26 +89,14 @@ class SpecGraph:
             raise ValueError(f"{what}: got {len(anchors)} / {len(cached)} / {len(req_slots)} / {len(history)} requests")
         if any(c < 1 or c + g1 > cap for c in cached):
             raise ValueError(f"{what}: cached lengths must be 1 .. {cap - g1}, got {min(cached)} .. {max(cached)}")
-        vocab = self.spec.cfg.vocab_size
-        if any(t < 0 or t >= vocab for t in anchors):
-            raise ValueError(f"{what}: anchor id outside [0, {vocab})")
-        nreq = self.spec.pools.num_req_slots
-        if any(r < 0 or r >= nreq for r in req_slots) or len(set(req_slots)) != B:
-            raise ValueError(f"{what}: request slots must be distinct and in [0, {nreq})")
-        if any(len(h) != self.hw for h in history):
-            raise ValueError(f"{what}: every history row needs {self.hw} token ids")
-        if not self._table_set:
-            raise ValueError(f"{what}: no token table set (call set_table)")
+        check_requests(what, anchors, self.spec.cfg.vocab_size, req_slots, self.spec.pools.num_req_slots, history,
+                       self.hw, self._table_set)
 
     @torch.inference_mode()
     def set_table(self, token_table: torch.Tensor) -> None:
         """token_table int64 [B, w] pool slot of every position (-1 past the end); columns past the
         capacity are dropped, missing ones become -1. Call again whenever a request gets new pages."""
-        if token_table.dim() != 2 or token_table.size(0) != self.B:
-            raise ValueError(f"DSpark graph captured for batch size {self.B}, got a token table {tuple(token_table.shape)}")
-        w = min(token_table.size(1), self.capacity)
-        self.token_table.fill_(-1)
-        self.token_table[:, :w].copy_(token_table[:, :w])
+        copy_table(self.token_table, token_table, f"DSpark graph captured for batch size {self.B}")
         self._table_set = True
 
     @torch.inference_mode()
