@@ -79,6 +79,13 @@ class Driver:
         self.graphs: dict[tuple[int, int], DecodeGraph] | None = {} if graphs else None
         self._graph_pool = None
         self.graph_capture: bool | None = None  # None: capture on CUDA; False: run the fixed-shape step eagerly
+        self.history_width = (model.cfg.engram.max_ngram_size - 1) if model.cfg.engram else 1
+        """Engram n-gram history columns of a batch (1 without Engram)."""
+
+    def history(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Per sequence, the `history_width` ids before its cached length, left-padded with 0."""
+        w = self.history_width
+        return [[0] * max(0, w - s.cached) + s.tokens[max(0, s.cached - w) : s.cached] for s in seqs]
 
     def fork(self, src: Sequence, req_slot: int, new_tokens: list[int]) -> Sequence:
         """A new request whose prompt starts with `src`'s cached tokens: a prefix-cache hit on the
@@ -112,7 +119,7 @@ class Driver:
         tokens given explicitly, e.g. a DSpark verify's chain, instead of s.tokens); pages are allocated
         for them. An encoder-replay hit's first forward also recomputes its last min(P, window) cached
         tokens."""
-        ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
+        ngram = self.history_width
         table = self._table(seqs, max(s.cached + c for s, c in zip(seqs, counts)))
         W = self.model.cfg.attention.window_size
         rep = [min(s.cached, W) if self.encoder_replay and not s.window_ready else 0 for s in seqs]
@@ -222,8 +229,7 @@ class Driver:
                 # graphs of one dict share a memory pool; a fresh dict gets a fresh pool (a handle whose
                 # graphs were all freed must not be captured into again: allocator assert, H200 run)
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            ngram = (self.model.cfg.engram.max_ngram_size - 1) if self.model.cfg.engram else 1
-            self.graphs[key] = DecodeGraph(self.runtime, len(seqs), cap, ngram, capture=self.graph_capture,
+            self.graphs[key] = DecodeGraph(self.runtime, len(seqs), cap, self.history_width, capture=self.graph_capture,
                                            pool=self._graph_pool, scratch_slots=self.page_size)
         g = self.graphs[key]
         g.set_table(self._table(seqs, cap))
@@ -231,9 +237,8 @@ class Driver:
 
     def graph_step(self, graph: DecodeGraph, seqs: list[Sequence]):
         """One decode step of `seqs` through `graph` (its table set by `decode_graph`)."""
-        hw = graph.hw
-        hist = [[0] * max(0, hw - s.cached) + s.tokens[max(0, s.cached - hw) : s.cached] for s in seqs]
-        out = graph.step([s.tokens[s.cached] for s in seqs], [s.cached for s in seqs], [s.req_slot for s in seqs], hist)
+        out = graph.step([s.tokens[s.cached] for s in seqs], [s.cached for s in seqs], [s.req_slot for s in seqs],
+                         self.history(seqs))
         for s in seqs:
             s.cached += 1
             s.window_ready = True

@@ -39,6 +39,15 @@ from sglang_dsv41.runtime.batch import Batch
 WARMUP_STEPS = 2
 
 
+def capture_mode(device: torch.device, capture: bool | None) -> bool:
+    """Whether a fixed-shape step captures a CUDA graph: `capture` None = on CUDA only; True elsewhere
+    is an error."""
+    mode = device.type == "cuda" if capture is None else capture
+    if mode and device.type != "cuda":
+        raise ValueError("CUDA graph capture needs a CUDA device")
+    return mode
+
+
 def check_requests(what: str, ids: Sequence[int], vocab: int, req_slots: Sequence[int], num_req_slots: int,
                    history: Sequence[Sequence[int]], history_width: int, table_set: bool) -> None:
     """The input checks every fixed-shape step shares (DecodeGraph, spec_graph.SpecGraph): ids in the
@@ -85,9 +94,7 @@ class DecodeGraph:
         self.vocab = runtime.cfg.vocab_size
         dev = torch.device(pools.device)
         self.device = dev
-        self.capture = dev.type == "cuda" if capture is None else capture
-        if self.capture and dev.type != "cuda":
-            raise ValueError("CUDA graph capture needs a CUDA device")
+        self.capture = capture_mode(dev, capture)
         B = batch_size
         with torch.inference_mode():
             i64 = dict(dtype=torch.int64, device=dev)

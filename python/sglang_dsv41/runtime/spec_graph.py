@@ -32,7 +32,7 @@ import torch
 from sglang_dsv41.layers.dspark import draft
 from sglang_dsv41.runtime.acceptance import accept_greedy
 from sglang_dsv41.runtime.batch import Batch
-from sglang_dsv41.runtime.graph import check_requests, copy_table
+from sglang_dsv41.runtime.graph import capture_mode, check_requests, copy_table
 from sglang_dsv41.runtime.paged_draft_kv import PagedDraftKV
 from sglang_dsv41.runtime.spec_step import DSparkStep, Verified
 
@@ -55,9 +55,7 @@ class SpecGraph:
         self.spec, self.B, self.capacity, self.hw, self.g1, self.window = spec, batch_size, capacity, history_width, g1, W
         dev = torch.device(pools.device)
         self.device = dev
-        self.capture = dev.type == "cuda" if capture is None else capture
-        if self.capture and dev.type != "cuda":
-            raise ValueError("CUDA graph capture needs a CUDA device")
+        self.capture = capture_mode(dev, capture)
         B = batch_size
         with torch.inference_mode():
             i64 = dict(dtype=torch.int64, device=dev)

@@ -93,8 +93,7 @@ class SpecDecoder:
         if key not in self.graphs:
             if self._graph_pool is None and str(self.drv.device).startswith("cuda"):
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            hw = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
-            self.graphs[key] = SpecGraph(self.spec, len(seqs), cap, hw, capture=self.drv.graph_capture,
+            self.graphs[key] = SpecGraph(self.spec, len(seqs), cap, self.drv.history_width, capture=self.drv.graph_capture,
                                          pool=self._graph_pool, scratch_slots=page)
         g = self.graphs[key]
         g.set_table(self.drv._table(seqs, cap))
@@ -131,8 +130,7 @@ class SpecDecoder:
         table = self.drv._table(seqs, max(ends)).to(dev)
         t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
         anchors, cached, slots = t([s.tokens[s.cached] for s in seqs]), t([s.cached for s in seqs]), t([s.req_slot for s in seqs])
-        width = (self.cfg.engram.max_ngram_size - 1) if self.cfg.engram else 1
-        history = t([[0] * max(0, width - s.cached) + s.tokens[max(0, s.cached - width) : s.cached] for s in seqs])
+        history = t(self.drv.history(seqs))
         rows = None
         if sampling.temperature > 0:
             if propose is not None:
@@ -197,10 +195,8 @@ class SpecDecoder:
             if use_graphs:
                 if graph_seqs != [s.req_slot for s in live]:  # a new batch: its graph and token table
                     graph, graph_seqs = self.spec_graph(live, max_new), [s.req_slot for s in live]
-                hw = graph.hw
-                accepted, tokens = graph.step(
-                    [s.tokens[s.cached] for s in live], [s.cached for s in live], [s.req_slot for s in live],
-                    [[0] * max(0, hw - s.cached) + s.tokens[max(0, s.cached - hw) : s.cached] for s in live], forced)
+                accepted, tokens = graph.step([s.tokens[s.cached] for s in live], [s.cached for s in live],
+                                              [s.req_slot for s in live], self.drv.history(live), forced)
             else:
                 accepted, tokens = self.step(live, sampling, gen, propose, forced)
             acc, toks = accepted.tolist(), tokens.tolist()
