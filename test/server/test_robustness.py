@@ -193,6 +193,11 @@ CLASSES = [
      "return_routed_experts: this server was started without"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
                               "return_routed_experts": True}, "return_routed_experts: this server was started"),
+    # found by the fuzz 2026-12: 40,000 ids as chat content made pydantic report 560,000 union errors, and
+    # validating them held the event loop (and /health) for 20-30 s; token batches stay uncounted
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [5] * 40_000}], "max_tokens": 1},
+     "more than 8192 array elements"),
+    ("/generate", {"input_ids": [V] * 9000, "sampling_params": _sp()}, "input_ids[0]"),
 ]
 
 

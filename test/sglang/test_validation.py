@@ -6,12 +6,13 @@ the tiny checkpoint's real tokenizer for the byte budget (checked against actual
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_dsv41.sglang.requests import admission, error_handlers
+from sglang_dsv41.sglang.requests import admission, body_limits, error_handlers
 from sglang_dsv41.sglang.requests.validation import (
     MAX_N,
     Limits,
@@ -510,6 +511,37 @@ def test_validation_message_names_the_content_part(content, role, expected):
     if role != "bogus":
         assert "role" not in message, message
     assert "function-after" not in message and "ChatCompletion" not in message, message
+
+
+def test_validation_message_of_thousands_of_bad_parts():
+    """4096 bad content parts raise about 100,000 pydantic errors; the message reads only the first positions
+    and still names the parts in order."""
+    message = validation_message(_chat_errors([{"type": "bogus"}] * 4096))
+    fields = [part.split(":")[0] for part in message.split("; ")]
+    assert fields == [f"messages[0].content[{i}].type" for i in range(5)], message
+
+
+@pytest.mark.parametrize("body, n", [
+    ({"messages": [{"role": "user", "content": [1, 2, 3]}], "stop": ["a"]}, 5),
+    ({"prompt": [[1, 2], [3]], "input_ids": [7] * 100, "text": ["a", "b"], "input_embeds": [[0.5] * 8]}, 0),
+    ({"prompt": [{}, {}]}, 2),          # not a token batch: counted
+    ({"prompt": [["a"]]}, 2),
+    ({"tools": [{"function": {"parameters": {"enum": [1, 2]}}}]}, 3),
+    ([1, 2], 2),
+    ("text", 0),
+])
+def test_array_elements(body, n):
+    assert body_limits.array_elements(body) == n
+
+
+def test_shape_error_bounds_arrays_outside_token_batches():
+    ids = json.dumps({"model": "m", "prompt": [5] * 40_000}).encode()
+    assert body_limits.shape_error(ids) is None
+    content = json.dumps({"model": "m", "messages": [{"role": "user", "content": [5] * 40_000}]}).encode()
+    assert "more than 8192 array elements" in body_limits.shape_error(content)
+    at_bound = {"model": "m", "messages": [{"role": "user", "content": [5] * 8191}]}
+    assert body_limits.shape_error(json.dumps(at_bound).encode()) is None
+    assert body_limits.shape_error(b'{"model": ') is None  # not JSON: FastAPI's validation answers it
 
 
 def test_contract_errors_name_the_field():

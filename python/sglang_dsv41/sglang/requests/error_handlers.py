@@ -6,6 +6,7 @@ Starlette's 500. Error bodies carry a message, never server paths or tracebacks.
 
 from __future__ import annotations
 
+from sglang_dsv41.sglang.requests.body_limits import BodyShapeLimit
 from sglang_dsv41.sglang.requests.validation import validation_message
 
 
@@ -56,25 +57,31 @@ def raised_building_vertex_request(exc: BaseException) -> bool:
     return in_route and isinstance(exc, (TypeError, ValueError))
 
 
+def error_response(path: str, status: int, message: str):
+    """The error body SGLang's OpenAI routes answer (`/v1/responses` nests it under `error`)."""
+    from fastapi.responses import ORJSONResponse
+
+    if path.startswith("/v1/responses"):
+        content = {"error": {"message": message, "type": "Bad Request", "param": None, "code": status}}
+    else:
+        content = {"object": "error", "message": message, "type": "Bad Request" if status < 500 else
+                   "InternalServerError", "param": None, "code": status}
+    return ORJSONResponse(status_code=status, content=content)
+
+
 def add_error_handlers(*args, **kwargs):
     """BEFORE hook on http_server._setup_and_run_http_server: runs before uvicorn builds the app's
     middleware stack, so the handlers registered here are the ones requests meet (FastAPI's public
-    `add_exception_handler`). Error bodies carry a message, never server paths or tracebacks."""
+    `add_exception_handler`), with the body-shape bound in front of validation (`add_middleware`). Error
+    bodies carry a message, never server paths or tracebacks."""
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import ORJSONResponse
 
     from sglang.srt.entrypoints.http_server import app
 
     sglang_handler = app.exception_handlers.get(RequestValidationError)
 
     def error(request, status: int, message: str):
-        path = request.url.path
-        if path.startswith("/v1/responses"):
-            content = {"error": {"message": message, "type": "Bad Request", "param": None, "code": status}}
-        else:
-            content = {"object": "error", "message": message, "type": "Bad Request" if status < 500 else
-                       "InternalServerError", "param": None, "code": status}
-        return ORJSONResponse(status_code=status, content=content)
+        return error_response(request.url.path, status, message)
 
     async def clean_validation_error(request, exc):
         path = request.url.path.removeprefix(request.scope.get("root_path", ""))
@@ -94,3 +101,4 @@ def add_error_handlers(*args, **kwargs):
 
     app.add_exception_handler(RequestValidationError, clean_validation_error)
     app.add_exception_handler(Exception, unhandled_error)
+    app.add_middleware(BodyShapeLimit, refuse=lambda path, message: error_response(path, 400, message))

@@ -19,6 +19,7 @@ docs/sglang.md ("Request validation") lists the rules.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -565,11 +566,16 @@ _DISCRIMINATORS = ("type", "role")
 a message's `role`)."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_tag_name(segment: str) -> bool:
+    return "[" in segment or segment in _TYPE_TAGS or (segment[:1].isupper() and segment.isidentifier()
+                                                       and "_" not in segment)
+
+
 def _is_tag(segment: Any) -> bool:
     """A segment pydantic adds to an error's `loc` for a union branch or validator (`str`, `list[...]`,
     `function-after[...]`, `ChatCompletionMessageUserParam`), not a field name or index the client wrote."""
-    return isinstance(segment, str) and ("[" in segment or segment in _TYPE_TAGS
-                                         or (segment[:1].isupper() and segment.isidentifier() and "_" not in segment))
+    return isinstance(segment, str) and _is_tag_name(segment)
 
 
 def _rejects(loc: tuple, depth: int) -> bool:
@@ -625,12 +631,26 @@ def _reason(errs: list[dict]) -> str:
     return " or ".join(list(msgs)[:3])
 
 
+MESSAGE_POSITIONS = 16
+"""`validation_message` reads the errors at this many list positions (index paths such as `messages[0]`,
+`messages[0].content[3]`, smallest first) and drops the rest: the message names five fields, and a body with
+thousands of bad elements raises pydantic errors by the hundred thousand."""
+
+
+def _first_positions(errors: list[dict]) -> list[dict]:
+    """The errors at the MESSAGE_POSITIONS smallest index paths. An index path sorts before its extensions, so
+    the errors of a union at `messages[0]` are kept with those of the branches below it."""
+    paths = [tuple(x for x in e.get("loc", ()) if isinstance(x, int)) for e in errors]
+    kept = set(heapq.nsmallest(MESSAGE_POSITIONS, set(paths)))
+    return [e for e, p in zip(errors, paths) if p in kept]
+
+
 def validation_message(errors: Iterable[dict]) -> str:
     """FastAPI's request-validation errors as one line naming each field (never the input, which may be
     large, nor the endpoint's source file and line, which FastAPI attaches to the exception). Union branches
     the client did not mean are dropped, and a field's errors are merged: a chat content part of an unknown
     type is `messages[0].content[0].type: expected 'text', ..., got 'bogus'`, not a complaint about the role."""
-    errors = [e for e in errors if isinstance(e, dict)]
+    errors = _first_positions([e for e in errors if isinstance(e, dict)])
     parts = []
     for err in errors:
         if err.get("type") == "json_invalid":
