@@ -50,14 +50,18 @@ from sglang_dsv41.train.weight_sync import WeightSync
 class Family:
     """A problem family outside task.py's levels: a in [a_lo, a_hi], b in [b_lo, b_hi], op from `ops`
     (e.g. "1-9,10-99,*": one-digit times two-digit, which the default's SFT data never shows). Train /
-    test split by task.split_of with level FAMILY_LEVEL (disjoint, 10 % test)."""
+    test split by task.split_of with level FAMILY_LEVEL and `heldout_percent` (disjoint). With
+    `unseen_level` L, only problems in level L's test split belong to the family: problems of level L's
+    shape that the SFT data (level L's train split) never held, e.g. "10-99,2-9,*" with L = 2."""
 
     a: tuple[int, int]
     b: tuple[int, int]
     ops: str
+    unseen_level: int | None = None
+    heldout_percent: int = task.TEST_PERCENT
 
     @staticmethod
-    def parse(spec: str) -> "Family":
+    def parse(spec: str, unseen_level: int | None = None, heldout_percent: int = task.TEST_PERCENT) -> "Family":
         try:
             ra, rb, ops = spec.split(",")
             a = tuple(int(x) for x in ra.split("-"))
@@ -66,19 +70,42 @@ class Family:
             raise ValueError(f"--family must look like A_LO-A_HI,B_LO-B_HI,OPS (e.g. 1-9,10-99,*), got {spec!r}") from None
         if len(a) != 2 or len(b) != 2 or a[0] > a[1] or b[0] > b[1] or min(a + b) < 0 or not ops or set(ops) - set(task.OPS):
             raise ValueError(f"--family: bad ranges or operators in {spec!r} (operators from {''.join(task.OPS)})")
-        return Family(a, b, ops)
+        if unseen_level is not None and unseen_level not in task.RANGES:
+            raise ValueError(f"--family-unseen-level must be one of {sorted(task.RANGES)}, got {unseen_level}")
+        if not 0 < heldout_percent < 100:
+            raise ValueError(f"--family-heldout-percent must be in 1..99, got {heldout_percent}")
+        return Family(a, b, ops, unseen_level, heldout_percent)
+
+    def split(self, a: int, op: str, b: int) -> str | None:
+        """'train' or 'test', or None for a problem outside the family (seen by level `unseen_level`'s SFT)."""
+        if self.unseen_level is not None and task.split_of(task.Problem(self.unseen_level, a, op, b)) != "test":
+            return None
+        return task.split_of(task.Problem(FAMILY_LEVEL, a, op, b), self.heldout_percent)
 
     def problems(self, n: int, split: str, seed: int) -> list[task.Problem]:
+        """n problems of `split` drawn with replacement, deterministic in (split, seed)."""
         rng = np.random.default_rng([task.SPLITS[split], FAMILY_LEVEL, seed])
         out: list[task.Problem] = []
         for _ in range(1000 * n):
-            p = task.Problem(FAMILY_LEVEL, int(rng.integers(self.a[0], self.a[1] + 1)), self.ops[int(rng.integers(len(self.ops)))],
-                             int(rng.integers(self.b[0], self.b[1] + 1)))
-            if task.split_of(p) == split:
-                out.append(p)
+            a, op, b = (int(rng.integers(self.a[0], self.a[1] + 1)), self.ops[int(rng.integers(len(self.ops)))],
+                        int(rng.integers(self.b[0], self.b[1] + 1)))
+            if self.split(a, op, b) == split:
+                out.append(task.Problem(FAMILY_LEVEL, a, op, b))
                 if len(out) == n:
                     return out
         raise ValueError(f"the family has too few {split} problems")
+
+    def pool(self, split: str, limit: int = 100_000) -> list[task.Problem] | None:
+        """Every problem of `split`, in order; None when the family has more than `limit` problems in all."""
+        if (self.a[1] - self.a[0] + 1) * (self.b[1] - self.b[0] + 1) * len(self.ops) > limit:
+            return None
+        return [task.Problem(FAMILY_LEVEL, a, op, b) for a in range(self.a[0], self.a[1] + 1) for op in self.ops
+                for b in range(self.b[0], self.b[1] + 1) if self.split(a, op, b) == split]
+
+    def heldout(self, n: int, seed: int) -> list[task.Problem]:
+        """The held-out problems: each test problem once when there are at most n, else n drawn."""
+        pool = self.pool("test")
+        return pool if pool is not None and len(pool) <= n else self.problems(n, "test", seed)
 
 
 FAMILY_LEVEL = 0
@@ -112,7 +139,8 @@ class RLRun:
         self.sync = WeightSync(self.client, Path(a.out) / "sync")
         self.version = "rl-step-0"
         self.prompt_cursor = 0
-        self.family = Family.parse(a.family) if a.family else None
+        self.family = (Family.parse(a.family, a.family_unseen_level, a.family_heldout_percent)
+                       if a.family else None)
 
     def problems(self, level: int, n: int, split: str, seed: int) -> list[task.Problem]:
         """task.problems of `level`, or of the --family when one is given."""
@@ -161,7 +189,8 @@ class RLRun:
         return reward(self.renderer.tokenizer.decode(ro.response, skip_special_tokens=True), p.answer)
 
     def evaluate(self) -> float:
-        probs = self.problems(self.a.eval_level, self.a.eval_n, "test", self.a.seed)
+        probs = (self.family.heldout(self.a.eval_n, self.a.seed) if self.family else
+                 task.problems(self.a.eval_level, self.a.eval_n, "test", seed=self.a.seed))
         groups = self._sample(probs, 1, 0.0)
         return sum(self._score(g[0], p) for g, p in zip(groups, probs)) / len(probs)
 
@@ -273,6 +302,21 @@ def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _family_text(a: argparse.Namespace) -> str:
+    fam = Family.parse(a.family, a.family_unseen_level, a.family_heldout_percent)
+    pools = {split: fam.pool(split) for split in ("train", "test")}
+    sizes = " and ".join(f"{len(p)} {split}" for split, p in pools.items() if p is not None)
+    unseen = f", only problems in level {fam.unseen_level}'s test split (never in the SFT data)" if fam.unseen_level else ""
+    return (f"family {a.family}{unseen}; {fam.heldout_percent} % held out ({sizes} problems); rollouts from the "
+            f"train split, greedy evaluation on the held-out split")
+
+
+def _eval_n(a: argparse.Namespace) -> int:
+    if not a.family:
+        return a.eval_n
+    return len(Family.parse(a.family, a.family_unseen_level, a.family_heldout_percent).heldout(a.eval_n, a.seed))
+
+
 def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float, total_s: float) -> None:
     import platform
 
@@ -289,8 +333,8 @@ def _results(path: Path, a: argparse.Namespace, log: list[dict], heldout0: float
              f"- {len(log)} steps in {total_s:.0f} s",
              f"- mean train reward, first {k} steps: {first:.3f}; last {k} steps: {last:.3f} (change {last - first:+.3f})",
              f"- sampling temperature {a.temperature} (the loss trains softmax(logits / T); held-out is greedy)",
-             f"- problems: {f'family {a.family} (train split; held-out: its test split)' if a.family else f'level {a.level}'}",
-             f"- held-out greedy accuracy ({f'family {a.family}' if a.family else f'level {a.eval_level}'}, {a.eval_n} test "
+             f"- problems: {_family_text(a) if a.family else f'level {a.level}'}",
+             f"- held-out greedy accuracy ({f'family {a.family}' if a.family else f'level {a.eval_level}'}, {_eval_n(a)} test "
              f"problems): start {heldout0:.3f}, "
              f"end {log[-1]['heldout']:.3f}",
              f"- mismatch over all steps: max KL {max((r.get('kl_max') or 0) for r in log):.3g}, "
@@ -330,7 +374,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-level", type=int, default=2)
     p.add_argument("--family", default=None, help="problems of a family A_LO-A_HI,B_LO-B_HI,OPS (e.g. 1-9,10-99,*) "
                    "instead of --level / --eval-level: train split for rollouts, test split held out")
-    p.add_argument("--eval-n", type=int, default=50)
+    p.add_argument("--family-unseen-level", type=int, default=None, help="keep only family problems in this "
+                   "task level's test split (never in the SFT data), e.g. --family 10-99,2-9,* "
+                   "--family-unseen-level 2: the level-2 multiplications the default was not trained on")
+    p.add_argument("--family-heldout-percent", type=int, default=task.TEST_PERCENT,
+                   help="percent of the family held out for the greedy evaluation")
+    p.add_argument("--eval-n", type=int, default=50, help="held-out problems (a family with at most this many "
+                   "held-out problems evaluates each once)")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
@@ -353,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--temperature must be in (0, 10], got {a.temperature}")
     if a.family:
         try:
-            Family.parse(a.family)
+            Family.parse(a.family, a.family_unseen_level, a.family_heldout_percent)
         except ValueError as e:
             p.error(str(e))
     if a.level not in task.RANGES or a.eval_level not in task.RANGES:

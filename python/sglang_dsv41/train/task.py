@@ -57,9 +57,9 @@ class Problem:
         return f"\\boxed{{{self.answer}}}"
 
 
-def split_of(p: Problem) -> str:
-    """'test' for a fixed TEST_PERCENT of all problems (by a CRC32 of the problem), else 'train'."""
-    return "test" if zlib.crc32(f"{p.level}:{p.a}{p.op}{p.b}".encode()) % 100 < TEST_PERCENT else "train"
+def split_of(p: Problem, test_percent: int = TEST_PERCENT) -> str:
+    """'test' for a fixed `test_percent` of all problems (by a CRC32 of the problem), else 'train'."""
+    return "test" if zlib.crc32(f"{p.level}:{p.a}{p.op}{p.b}".encode()) % 100 < test_percent else "train"
 
 
 def problems(level: int, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
