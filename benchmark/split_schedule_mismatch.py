@@ -12,10 +12,11 @@ after the server has stopped: the expected mismatch is exactly 0 on every token.
 Exit status 1 when any logprob differs (test/server/test_split_schedule_stress.py runs a
 budget-limited form in the suite).
 
-Server: `python -m sglang.launch_server` with `--enable-return-routed-experts
---no-enable-decoder-swa-bounded-replay` (the RL test server's flags), SGLANG_RETURN_ORIGINAL_LOGPROB=1
-and SGLANG_DSV41_DETERMINISTIC=1 (server and this process), as docs/rl.md prescribes. `--model`
-defaults to a fresh `tiny` checkpoint (seed 0). The table counts responses, tokens, responses with
+Server: `python -m sglang.launch_server --rl-on-policy-target sglang_dsv41` (the RL test server's flag,
+docs/rl.md); this process runs SGLANG_DSV41_DETERMINISTIC=1 and MKL_CBWR=COMPATIBLE, as the flag sets them
+in the server. Every request has its own `sampling_seed` (deterministic sampling draws from the seed, so
+unseeded requests of one prompt would all give the same response). `--model` defaults to a fresh `tiny`
+checkpoint (seed 0). The table counts responses, tokens, responses with
 any differing logprob and the largest |d|, per schedule class read from the server log ("split":
 some prefill of the pair ran while another request was decoding).
 """
@@ -47,8 +48,7 @@ from launch import start_server, stop_server  # noqa: E402  (test/server/launch.
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-SERVER_ENV = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "SGLANG_DSV41_DETERMINISTIC": "1"}
-SERVER_FLAGS = ["--enable-return-routed-experts", "--no-enable-decoder-swa-bounded-replay"]
+SERVER_FLAGS = ["--rl-on-policy-target", "sglang_dsv41"]
 
 
 @dataclass
@@ -64,9 +64,10 @@ class Response:
     diffs: list[float] = field(default_factory=list)
 
 
-def generate(url: str, prompt: list[int], max_new: int, rid: str, out: dict) -> None:
+def generate(url: str, prompt: list[int], max_new: int, rid: str, seed: int, out: dict) -> None:
     body = {"input_ids": prompt, "rid": rid, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "ignore_eos": True,
+                                "sampling_seed": seed}}
     r = requests.post(url + "/generate", json=body, timeout=600)
     out[rid] = (r.status_code, r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text)
 
@@ -76,14 +77,14 @@ def run_pair(url: str, i: int, prompt: list[int], news: tuple[int, int], delay: 
     long after the first) -> their (rid, status, body)."""
     out: dict = {}
     rids = [f"p{i}-a", f"p{i}-b"]
-    threads = [threading.Thread(target=generate, args=(url, prompt, news[0], rids[0], out))]
+    threads = [threading.Thread(target=generate, args=(url, prompt, news[0], rids[0], 3 * i, out))]
     threads[0].start()
     time.sleep(delay)
-    threads.append(threading.Thread(target=generate, args=(url, prompt, news[1], rids[1], out)))
+    threads.append(threading.Thread(target=generate, args=(url, prompt, news[1], rids[1], 3 * i + 1, out)))
     threads[-1].start()
     if abort_after is not None:
         rid = f"p{i}-x"
-        threads.append(threading.Thread(target=generate, args=(url, prompt, 64, rid, out)))
+        threads.append(threading.Thread(target=generate, args=(url, prompt, 64, rid, 3 * i + 2, out)))
         threads[-1].start()
         time.sleep(abort_after)
         requests.post(url + "/abort_request", json={"rid": rid}, timeout=60)
@@ -168,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     log = Path(a.log) if a.log else tmp / "server.log"
     t_start = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the server
-    env = {**SERVER_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT / "sgl-kernel"),
+                                          os.environ.get("PYTHONPATH", "")])}
     server = start_server(model_dir, log, *SERVER_FLAGS, *a.server_args, env=env)
     model = load_model(model_dir, progress=False)
     try:

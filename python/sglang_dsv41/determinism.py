@@ -24,7 +24,7 @@ keeps the mode it was captured in.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -35,13 +35,14 @@ ROW_TILE = 64
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
-def deterministic() -> bool:
-    """Whether SGLANG_DSV41_DETERMINISTIC asks for batch-invariant numerics. Any value outside
-    1/true/yes/on and unset/0/false/no/off raises ValueError naming the variable (checked at server
-    startup by `sglang.server_args.validate_flags`), never a silent default."""
-    raw = os.environ.get(DETERMINISTIC_ENV, "").strip().lower()
+def deterministic(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether SGLANG_DSV41_DETERMINISTIC (in `environ`, default os.environ) asks for batch-invariant numerics.
+    Any value outside 1/true/yes/on and unset/0/false/no/off raises ValueError naming the variable (checked at
+    server startup by `sglang.server_args.validate_flags`), never a silent default."""
+    env = os.environ if environ is None else environ
+    raw = env.get(DETERMINISTIC_ENV, "").strip().lower()
     if raw not in _ON + _OFF:
-        raise ValueError(f"{DETERMINISTIC_ENV}={os.environ[DETERMINISTIC_ENV]!r}: expected one of 1, true, yes, on "
+        raise ValueError(f"{DETERMINISTIC_ENV}={env[DETERMINISTIC_ENV]!r}: expected one of 1, true, yes, on "
                          f"(batch-invariant) or 0, false, no, off (default)")
     return raw in _ON
 

@@ -33,15 +33,17 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model: str | os.PathLike, log: Path, *extra: str, env: dict | None = None) -> Server:
-    """Launch SGLang with only the flags a user would pass, wait for /health; kill on failure."""
+def start_server(model: str | os.PathLike, log: Path, *extra: str, env: dict | None = None,
+                 unset: tuple[str, ...] = ()) -> Server:
+    """Launch SGLang with only the flags a user would pass, wait for /health; kill on failure. The server gets this
+    process's environment with `env` added and the variables in `unset` removed."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), *extra]
     out = open(log, "w")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+    server_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=server_env)
     url = f"http://127.0.0.1:{port}"
     while time.monotonic() - t0 < STARTUP_TIMEOUT_S:
         if proc.poll() is not None:

@@ -170,6 +170,21 @@ def test_no_kv_leak_after_load(server):
     assert server.proc.poll() is None
 
 
+def test_trainer_clis_refuse_a_server_without_the_rl_flag(server, tiny_dir, tmp_path):
+    """This server was started without `--rl-on-policy-target sglang_dsv41`: the RL trainer CLIs read its
+    `/server_info` and stop with one line naming the flag, before loading a model."""
+    from sglang_dsv41.train import mismatch, rl
+
+    line = (f"the server at {server.url} was not started with --rl-on-policy-target sglang_dsv41 "
+            "(rl_on_policy_target is None); restart it with that flag")
+    with pytest.raises(SystemExit) as e:
+        mismatch.main(["--model", str(tiny_dir), "--server", server.url])
+    assert str(e.value) == f"train.mismatch: {line}"
+    with pytest.raises(SystemExit) as e:
+        rl.main(["--server", server.url, "--model", str(tiny_dir), "--out", str(tmp_path)])
+    assert str(e.value) == f"train.rl: {line}"
+
+
 def test_unsupported_flag_fails_at_startup(tiny_dir):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model", str(tiny_dir), "--enable-two-batch-overlap"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

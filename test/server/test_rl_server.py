@@ -1,16 +1,18 @@
-"""The server half of training (issue 13), against one real SGLang server on the tiny model:
-- train/serve mismatch is exactly zero on the CPU (sampled at temperature 1), with and without R3;
+"""The server half of training (issue 13), against one real SGLang server on the tiny model, started with the RL
+flag alone (`--rl-on-policy-target sglang_dsv41`, none of the variables it sets: docs/rl.md):
+- the server reports what the flag set (`/server_info`, the scheduler's own state);
+- train/serve mismatch is exactly zero on the CPU (sampled at temperature 1), with and without R3, through the
+  `train.mismatch` CLI, which checks the server at start;
+- the samples of a group differ (each sample has its own seed under deterministic sampling) and a seed
+  reproduces its samples;
 - a weight update into the running server (full checkpoint, then a partial one) makes its logprobs
   exactly the new weights', and a bad update is refused with a 400 while the server keeps serving.
 Oracle: the trainer's forward (`train.logprobs.response_logprobs`, the one forward over a dense KV)
-on the checkpoint the server should be serving. The server returns logprobs of the raw distribution
-(SGLANG_RETURN_ORIGINAL_LOGPROB=1, as docs/rl.md says an RL server must). Server and trainer both run
-SGLANG_DSV41_DETERMINISTIC=1, as docs/rl.md prescribes for RL (a CPU bf16 GEMM's last bits can depend on
-its row count on some CPUs). Known open bug (docs/rl.md, "Known issue", cause not found yet): when
-SGLang schedules two samples of one prompt in separate prefills, the last sampled token's server
-logprob differs now and then (KL 7.8e-5 in one CI run), with or without deterministic mode; the
-mismatch test then fails, as it should (benchmark/split_schedule_mismatch.py is the stress run of that
-schedule; test/sglang/test_split_schedules.py drives it through the adapter's batch builders)."""
+on the checkpoint the server should be serving. The trainer side (this process) runs SGLANG_DSV41_DETERMINISTIC=1
+(this module's fixture, for the in-process `measure()`) and MKL_CBWR=COMPATIBLE (test/conftest.py), as the flag
+sets them in the server.
+The split-schedule mismatch of earlier versions is fixed (docs/rl.md "Split schedules";
+benchmark/split_schedule_mismatch.py is its stress run)."""
 
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def deterministic_trainer():
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("rl_server") / "server.log"
-    srv = start_server(tiny_dir, log, "--enable-return-routed-experts", "--no-enable-decoder-swa-bounded-replay",
-                       env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", DETERMINISTIC_ENV: "1"})
+    srv = start_server(tiny_dir, log, "--rl-on-policy-target", "sglang_dsv41",
+                       unset=("SGLANG_RETURN_ORIGINAL_LOGPROB", DETERMINISTIC_ENV, "MKL_CBWR"))
     yield srv
     stop_server(srv.proc)
 
@@ -48,6 +50,29 @@ def server(tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server):
     return ServerClient(server.url, timeout=600)
+
+
+def test_server_reports_what_the_flag_set(server):
+    info = requests.get(server.url + "/server_info", timeout=60).json()
+    assert info["rl_on_policy_target"] == "sglang_dsv41" and info["device"] == "cpu"
+    assert info["enable_deterministic_inference"] is True and info["enable_return_routed_experts"] is True
+    assert info["enable_decoder_swa_bounded_replay"] is False and info["disable_radix_cache"] is False
+    assert info["sampling_backend"] == "pytorch"
+    (state,) = info["internal_states"]
+    assert state["dsv41"] == {"deterministic": True, "return_original_logprob": True, "mkl_cbwr": "COMPATIBLE",
+                              "aten_cpu_capability": "default", "torch_threads": torch.get_num_threads()}
+
+
+def test_samples_of_a_group_differ_and_a_seed_reproduces_them(server, client, tiny_dir):
+    """Deterministic sampling draws from (seed, position, token) alone: SGLang's `n` copies one seed into every
+    sample of a group, the client gives each sample its own."""
+    prompt = random_prompts(1, 8, 1000, seed=21)[0]
+    group = [r.response for r in client.sample([prompt], 4, 6, temperature=1.0, seed=500)[0]]
+    assert len(set(map(tuple, group))) > 1, group
+    assert [r.response for r in client.sample([prompt], 4, 6, temperature=1.0, seed=500)[0]] == group
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "n": 4}}
+    copies = requests.post(server.url + "/generate", json=body, timeout=600).json()
+    assert len({tuple(o["output_ids"]) for o in copies}) == 1
 
 
 def test_mismatch_is_zero_with_and_without_r3(server, tiny_dir, capsys):

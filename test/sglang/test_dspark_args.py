@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
-from collections import defaultdict
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
+import resolution_harness
 
 from sglang_dsv41.sglang import hooks
 from sglang_dsv41.sglang.model import arg_resolution, registration
@@ -27,31 +26,8 @@ ROWS = [h for h in hooks.EVERY_PROCESS if h.kind in (hooks.STEP, hooks.PROVIDER)
 """What resolution runs of ours: the wrapped steps, the provider, the kept architecture name, the DSPARK row."""
 
 
-def keep_bindings(monkeypatch, target: str) -> None:
-    """Let monkeypatch restore `target` and every module's `from ... import` of it after HookRegistry patched them."""
-    owner, attr = target.rsplit(".", 1)
-    original = hooks.resolve(target)
-    monkeypatch.setattr(hooks.resolve(owner), attr, original)
-    for mod in [m for m in list(sys.modules.values()) if isinstance(m, ModuleType)]:
-        for name, value in list(vars(mod).items()):
-            if value is original:
-                monkeypatch.setattr(mod, name, original)
-
-
 def install(monkeypatch, rows=ROWS) -> None:
-    """`rows` applied as hooks.install applies them, into emptied registries that monkeypatch restores."""
-    from sglang.srt.arg_groups import model_override_base, resolution_hooks
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
-    monkeypatch.setitem(model_override_base._MODEL_OVERRIDE_FNS, ARCHITECTURE, [])
-    monkeypatch.setattr(HookRegistry, "_hooks", defaultdict(list))
-    monkeypatch.setattr(HookRegistry, "_patched", set())
-    for row in rows:
-        if row.kind in (hooks.BEFORE, hooks.AFTER, hooks.AROUND):
-            keep_bindings(monkeypatch, row.target)
-        hooks.apply(row)
-    HookRegistry.apply_hooks()
+    resolution_harness.install(monkeypatch, rows)
 
 
 @pytest.fixture(scope="module")

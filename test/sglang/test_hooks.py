@@ -26,7 +26,7 @@ def test_wrapped_resolution_steps_are_overridable():
 
     steps = {h.target.rsplit(".", 1)[1] for h in hooks.HOOKS if h.kind == hooks.STEP}
     assert steps == {"handle_model_source_paths", "handle_missing_default_values", "handle_cuda_graph_config",
-                     "handle_platform_defaults"}
+                     "handle_platform_defaults", "handle_deterministic_inference"}
     assert steps <= _OVERRIDABLE_HOOKS
 
 
@@ -68,7 +68,7 @@ def test_install_registers_request_validation_only_in_the_front_end(monkeypatch,
     """install() keeps no state of its own; the request-validation hooks (which import the HTTP server)
     are registered only where the HTTP server and tokenizer manager run. Oracle: SGLang's registries
     after install(), with every registry swapped for an empty copy."""
-    from sglang.srt.arg_groups import model_override_base, resolution_hooks
+    from sglang.srt.arg_groups import choices, model_override_base, resolution_hooks
     from sglang.srt.mem_cache.pool_host import common
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -76,6 +76,9 @@ def test_install_registers_request_validation_only_in_the_front_end(monkeypatch,
     from sglang_dsv41.sglang.model.deepseek_v41 import DeepseekV41ForCausalLM
 
     registered, providers = {}, []
+    targets = [c for c in choices.RL_ON_POLICY_TARGET_CHOICES if c != "sglang_dsv41"]
+    monkeypatch.setattr(choices, "RL_ON_POLICY_TARGET_CHOICES", targets)
+    monkeypatch.setattr(choices, "add_rl_on_policy_target_choices", targets.extend)
     monkeypatch.setattr(HookRegistry, "register", lambda target, fn, kind: registered.setdefault(target, (kind, fn)))
     monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
     monkeypatch.setattr(model_override_base, "register_model_override", lambda arch: providers.append(arch) or (lambda fn: fn))
@@ -92,10 +95,12 @@ def test_install_registers_request_validation_only_in_the_front_end(monkeypatch,
     assert registered.get("sglang.srt.managers.utils.validate_input_length", (None,))[0] is HookType.AFTER
     assert (("sglang.srt.entrypoints.http_server._setup_and_run_http_server" in registered) == front_end)
     assert set(resolution_hooks._HOOKS) == {"handle_model_source_paths", "handle_missing_default_values",
-                                            "handle_cuda_graph_config", "handle_platform_defaults"}
+                                            "handle_cuda_graph_config", "handle_platform_defaults",
+                                            "handle_deterministic_inference"}
     assert providers == [ARCHITECTURE]
     assert ModelRegistry.models[ARCHITECTURE] is DeepseekV41ForCausalLM
     assert common.ALLOC_MEMORY_FUNCS["cpu"] is cpu_host_alloc.alloc_host_unpinned
+    assert targets[-1] == "sglang_dsv41" and targets.count("sglang_dsv41") == 1
     assert "_installed" not in vars(hooks)
 
 

@@ -8,9 +8,9 @@ fails loudly. Kinds:
   provider                 SGLang's per-architecture override registry, for DeepseekV41ForCausalLM
   setup                    our function runs once at install (it writes SGLang's table or environment itself)
   read                     an SGLang object our code uses; nothing is installed
-The only writes into SGLang tables are the `setup` rows (model registry, CPU host allocator) and the HTTP
-app's error handlers and info-body middleware (FastAPI's `add_exception_handler` / `add_middleware`, by the
-`before` and `around` rows on `_setup_and_run_http_server`).
+The only writes into SGLang tables are the `setup` rows (model registry, CPU host allocator, RL target choice)
+and the HTTP app's error handlers and info-body middleware (FastAPI's `add_exception_handler` /
+`add_middleware`, by the `before` and `around` rows on `_setup_and_run_http_server`).
 
 The functions live with their concern: `model/` (the model adapter) and `requests/` (request hardening).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_dsv41.sglang.model import (arg_resolution, cpu_host_alloc, cpu_req_to_token, cuda_graphs, dspark_worker,
-                                       kv_budget, registration, swa_replay, weight_update)
+                                       kv_budget, registration, rl_mode, seeded_sampling, swa_replay, weight_update)
 from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 from sglang_dsv41.sglang.requests import admin_endpoints, admission, error_handlers, info_endpoints, other_endpoints
 from sglang_dsv41.sglang.requests import aborts, fair_share
@@ -73,6 +73,32 @@ EVERY_PROCESS = (
          "and flags that act only through capture are rejected."),
     Hook("arg_groups.model_override_base.register_model_override", PROVIDER, arg_resolution.v41_overrides,
          "page size 64 when unset, even page sizes only, and startup errors naming rejected flags (server_args.py)."),
+    # ------------------------------------------------ deterministic mode and our RL target (docs/rl.md)
+    Hook("arg_groups.choices.add_rl_on_policy_target_choices", SETUP, rl_mode.add_rl_target,
+         "`--rl-on-policy-target sglang_dsv41` (SGLang's seam for out-of-tree targets; plugins load before the "
+         "parser is built)."),
+    Hook("arg_groups.attention_hook.handle_deterministic_inference", STEP, arg_resolution.deterministic_step,
+         "for our model with --enable-deterministic-inference or our RL target: our batch-invariant numerics "
+         "(SGLANG_DSV41_DETERMINISTIC) and the radix cache kept; the target adds raw logprobs, routed experts and "
+         "MKL's one CPU code path (full prefill: the provider). Our target on another architecture is refused."),
+    Hook("arg_groups.overrides._deterministic_attention_backend", AROUND, arg_resolution.skip_attention_backend_check,
+         "SGLang's deterministic attention-backend rule refuses the CPU platform's torch_native; our model's "
+         "attention is its own, so the rule is skipped for it."),
+    Hook("model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode", AROUND,
+         rl_mode.skip_batch_invariant_mode,
+         "for our model SGLang's batch-invariant aten ops stay off (they raise on the CPU; on CUDA they would replace "
+         "the GEMMs the trainer runs with SGLang's Triton kernels)."),
+    Hook("layers.sampler.Sampler.__init__", AFTER, rl_mode.keep_fp32_sampling,
+         "with our target the sampler keeps its fp32 deterministic path (SGLang's targets sample from bf16-rounded "
+         "logprobs, which is not the trainer's policy)."),
+    Hook("layers.sampler.multinomial_with_seed", AROUND, seeded_sampling.sample_on_cpu,
+         "deterministic inference samples by seeded Gumbel noise whose hash, on CPU tensors, is an sgl_kernel op our "
+         "CPU platform does not have (the first sampled token ended the scheduler); CPU rows are sampled in torch, "
+         "with the same hash."),
+    Hook("managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state", AFTER,
+         rl_mode.report_rl_state,
+         "`/server_info` internal_states[i].dsv41: the scheduler's deterministic mode, raw logprobs, MKL_CBWR, "
+         "ATEN_CPU_CAPABILITY and torch threads, which the trainer checks at start."),
     Hook("speculative.spec_info.SpeculativeAlgorithm.handle_server_args", AROUND, arg_resolution.dspark_step,
          "for our model with --speculative-algorithm DSPARK, on every device: the draft path is the model path, "
          "one step of top-1, gamma from the checkpoint's drafter (num draft tokens gamma + 1) and no overlap "

@@ -14,13 +14,12 @@ With `--r3` the logprobs come from the forward that forces the rollout's experts
 carries the unforced forward's metrics under "unforced"; routing agreement is always measured on the
 trainer's own (unforced) routing.
 
-The server must return logprobs of the raw distribution (`SGLANG_RETURN_ORIGINAL_LOGPROB=1`) and,
-for `--r3` or routing agreement, run `--enable-return-routed-experts` (docs/rl.md). On the CPU the
-trainer must run with the server's torch thread count (`--threads`; both default to one per core):
-MKL splits the K reduction of fp32 GEMMs over threads, so another count changes the last bits, and
-through the FP8 roundings and top-k, whole logprobs. Both sides should also run with
-SGLANG_DSV41_DETERMINISTIC=1: a CPU bf16 GEMM's last bits depend on its row count, and the server's
-decode batch shrinks as sampled responses end (docs/rl.md).
+The server must be started with `--rl-on-policy-target sglang_dsv41` (docs/rl.md): the tool reads its
+`/server_info` first and stops with one line naming what is missing (`--any-server` measures any server,
+with a warning). It then runs in the server's deterministic mode and, on the CPU, at the server's torch
+thread count (`--threads 0`, the default; another count is refused): MKL splits the K reduction of fp32
+GEMMs over threads, so another count changes the last bits, and through the FP8 roundings and top-k,
+whole logprobs. Server errors are one line (train/rollout.py ServerError).
 """
 
 from __future__ import annotations
@@ -32,12 +31,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-import requests
 import torch
 
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.train.logprobs import response_logprobs, routed_table
-from sglang_dsv41.train.rollout import Rollout, ServerClient
+from sglang_dsv41.train.rollout import (Rollout, ServerClient, ServerError, derive_seed, require_rl_server,
+                                        rl_server_problem)
 
 
 @dataclass
@@ -118,50 +117,58 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-len", type=int, default=24, help="random prompt length in tokens (default 24)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (sampling is the server's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and of the sampling (>= 0)")
     p.add_argument("--r3", action="store_true", help="force the server's routed experts in the trainer (R3)")
-    p.add_argument("--no-routing", action="store_true", help="do not request routed experts (server without "
-                   "--enable-return-routed-experts; no R3, no routing agreement)")
+    p.add_argument("--no-routing", action="store_true", help="do not request routed experts (no R3, no routing "
+                   "agreement)")
+    p.add_argument("--any-server", action="store_true", help="measure a server not started with "
+                   "--rl-on-policy-target sglang_dsv41 (warns instead of stopping)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default). On the CPU use "
-                   "the server's count: the forward's last bits depend on it (MKL splits fp32 GEMM reductions)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the server's count on the CPU, "
+                   "else torch's default). On the CPU the forward's last bits depend on it")
     a = p.parse_args(argv)
     if a.threads < 0:
         p.error("--threads must be >= 0")
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    # The server's CPU kernels (set by our plugin there); read at torch's first CPU kernel, so here.
-    os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+    if a.seed < 0:
+        p.error("--seed must be >= 0")
     if a.r3 and a.no_routing:
         p.error("--r3 needs routed experts; drop --no-routing")
     for flag, v in (("--prompts", a.prompts), ("--n", a.n), ("--prompt-len", a.prompt_len), ("--max-new-tokens", a.max_new_tokens)):
         if v < 1:
             p.error(f"{flag} must be >= 1")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    # The server's CPU kernels (set by our plugin there); read at torch's first CPU kernel, so here.
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+    try:
+        print(json.dumps(_run(a)))
+    except ServerError as e:
+        raise SystemExit(f"train.mismatch: {e}") from None
 
+
+def _run(a: argparse.Namespace) -> dict:
+    """The server check (before the model loads), the samples, the trainer's recompute -> the output line."""
     from sglang_dsv41.checkpoint.loader import load_model
     from sglang_dsv41.embedded import resolve_model_path
 
+    client = ServerClient(a.server)
+    if a.any_server:
+        problem = rl_server_problem(client.server_info(), client.url, a.device, a.threads)
+        if problem:
+            print(f"train.mismatch: measuring anyway (--any-server): {problem}", file=sys.stderr)
+    else:
+        require_rl_server(client, a.device, a.threads)
     model = load_model(resolve_model_path(a.model), device=a.device, progress=False)
     cfg = model.cfg
-    client = ServerClient(a.server)
     prompts = random_prompts(a.prompts, a.prompt_len, cfg.vocab_size, a.seed)
-    try:
-        groups = client.sample(prompts, a.n, a.max_new_tokens, temperature=a.temperature,
-                               routed_experts=not a.no_routing, layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
-    except requests.ConnectionError as e:
-        raise SystemExit(f"train.mismatch: cannot reach the SGLang server at {a.server} ({type(e).__name__})") from None
-    from sglang_dsv41.determinism import DETERMINISTIC_ENV, deterministic
-
-    if str(a.device) == "cpu" and not deterministic():
-        print(f"train.mismatch: {DETERMINISTIC_ENV} is not set here; on the CPU run the server and this tool with "
-              f"{DETERMINISTIC_ENV}=1, or rows decoded in small batches may differ in their last bits (docs/rl.md)",
-              file=sys.stderr)
+    groups = client.sample(prompts, a.n, a.max_new_tokens, temperature=a.temperature, seed=derive_seed(a.seed),
+                           routed_experts=not a.no_routing, layers=cfg.num_layers, top_k=cfg.moe.n_activated_experts)
     results = measure(model, [r for g in groups for r in g], a.r3)
     line = asdict(results[a.r3])
     if a.r3:  # the unforced forward ran anyway (routing agreement): its logprob metrics too
         own = asdict(results[False])
         line["unforced"] = {k: own[k] for k in ("kl_mean", "kl_p99", "kl_max", "dlogp_mean", "dlogp_max")}
-    print(json.dumps(line))
+    return line
 
 
 if __name__ == "__main__":

@@ -3,17 +3,17 @@
     python -m sglang_dsv41.train.rl --server URL --model DIR [--steps 10] [--prompts 8] [--n 8] [--r3]
         [--out DIR] [--results benchmark/results/DATE-rl.md]
 
-The server must serve DIR with `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (and `--enable-return-routed-experts`
-for `--r3` or routing agreement); docs/rl.md. Each step:
+The server must serve DIR with `--rl-on-policy-target sglang_dsv41` (docs/rl.md): its `/server_info` is
+checked before the model loads, and the loop stops with one line naming what is missing; every server error
+is one line too. Each step:
   1. rollouts: `--prompts` train problems (chat-rendered as the server renders them) x `--n` samples each,
      from the server's `/generate` (logprobs of the sampled tokens, routed experts);
   2. rewards: exact match of the boxed answer (train/reward.py) + DAPO's overlong shaping;
      dynamic sampling keeps groups whose rewards differ and samples more prompts (up to
      `--max-rounds` rounds) to fill the batch;
-  3. trainer: ONE forward of the QAT trainable model over the batch (train/policy.py; R3 forces the
-     rollouts' experts), the clipped token-level DAPO loss against the server's logprobs (the
-     behavior policy), AdamW; the same forward gives the step's train/serve mismatch (KL, |dlogp|,
-     routing agreement);
+  3. trainer: one update (train/policy_update.py): ONE forward of the QAT trainable model over the batch
+     (train/policy.py; R3 forces the rollouts' experts), the clipped token-level DAPO loss of the sampling
+     policy, AdamW; the same forward gives the step's train/serve mismatch (KL, |dlogp|, routing agreement);
   4. weight sync: the trained tensors (Engram tables and router bias stay frozen, never sent) into the
      running server (train/weight_sync.py), then the next step's rollouts come from the new weights
      (each rollout's weight_version is checked).
@@ -33,16 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import requests
 import torch
 from tqdm import tqdm
 
 from sglang_dsv41.train import task
-from sglang_dsv41.train.grpo import DAPOConfig, clipped_token_loss, group_advantages, informative, overlong_penalty
-from sglang_dsv41.train.mismatch import same_expert_sets, summarize
-from sglang_dsv41.train.policy import batch_response_logprobs
+from sglang_dsv41.train.grpo import DAPOConfig, informative, overlong_penalty
+from sglang_dsv41.train.policy_update import policy_update
 from sglang_dsv41.train.reward import reward
-from sglang_dsv41.train.rollout import Rollout, ServerClient
+from sglang_dsv41.train.rollout import Rollout, ServerClient, ServerError, derive_seed, require_rl_server
 from sglang_dsv41.train.weight_sync import WeightSync
 
 
@@ -155,21 +153,24 @@ class RLRun:
         self.sync.push(checkpoint_tensors(self.model, include_frozen=False), self.cfg, self.version)
         return time.perf_counter() - t0
 
-    def _sample(self, probs: list[task.Problem], n: int, temperature: float) -> list[list[Rollout]]:
+    def _sample(self, probs: list[task.Problem], n: int, temperature: float, seed: int = 0) -> list[list[Rollout]]:
+        """`seed`: the request's first sampling seed (rollout.ServerClient.sample; greedy requests ignore it)."""
         groups = self.client.sample([self.renderer.prompt(p.question) for p in probs], n, self.a.max_new_tokens,
                                     temperature=temperature, routed_experts=self.a.routing, layers=self.cfg.num_layers,
-                                    top_k=self.cfg.moe.n_activated_experts, stop_token_ids=[self.renderer.eos_id])
+                                    top_k=self.cfg.moe.n_activated_experts, stop_token_ids=[self.renderer.eos_id],
+                                    seed=seed)
         stale = {r.weight_version for g in groups for r in g} - {self.version}
         if stale:
-            raise RuntimeError(f"rollouts from weight version {sorted(stale)}, expected {self.version}")
+            raise ServerError(f"rollouts from weight version {sorted(stale)}, expected {self.version}")
         return groups
 
     def check_exact(self) -> float:
         """CPU only: one greedy rollout of the pushed starting weights, recomputed by the trainer, must
-        match the server's logprobs exactly (the same forward on the same weights). Raises otherwise,
-        naming the usual cause: a different torch thread count (MKL splits the K reduction of fp32
-        GEMMs over threads, and the FP8 roundings and top-k turn that last bit into different tokens'
-        logprobs; measured: |dlogp| up to 1.9 with 1 trainer thread against a 2-thread server)."""
+        match the server's logprobs exactly (the same forward on the same weights). Raises ServerError
+        otherwise. The start-up check (rollout.require_rl_server) already matched the usual causes: the
+        torch thread count (MKL splits the K reduction of fp32 GEMMs over threads, and the FP8 roundings and
+        top-k turn that last bit into different tokens' logprobs; measured: |dlogp| up to 1.9 with 1 trainer
+        thread against a 2-thread server), MKL's code path and the deterministic mode."""
         from sglang_dsv41.train.logprobs import response_logprobs
 
         prob = self.problems(self.a.level, 1, "train", self.a.seed * 1_000_003 + 999_983)[0]
@@ -178,11 +179,10 @@ class RLRun:
             lp = response_logprobs(self.model, ro.prompt, ro.response)[0].cpu()
         d = float((lp - torch.tensor(ro.logprobs)).abs().max())
         if d != 0.0:
-            raise RuntimeError(
+            raise ServerError(
                 f"the trainer's logprobs differ from the server's on the same weights (max |dlogp| {d:.3g}, "
-                f"trainer at {torch.get_num_threads()} torch threads). On the CPU the forward's last bits depend on "
-                f"the thread count: run the trainer with the server's (--threads N; a server uses torch's default, "
-                f"one per core, unless OMP_NUM_THREADS says otherwise), or pass --no-check-exact to train anyway.")
+                f"trainer at {torch.get_num_threads()} torch threads); is the server serving another checkpoint "
+                f"or another sglang-dsv41? Pass --no-check-exact to train anyway.")
         return d
 
     def _score(self, ro: Rollout, p: task.Problem) -> float:
@@ -200,7 +200,10 @@ class RLRun:
         for rnd in range(self.a.max_rounds):
             probs = self.problems(self.a.level, self.a.prompts, "train", self.a.seed * 1_000_003 + self.prompt_cursor)
             self.prompt_cursor += 1
-            for p, g in zip(probs, self._sample(probs, self.a.n, self.a.temperature)):
+            # the samples of every (step, round) get seeds of their own (deterministic sampling: equal seeds,
+            # equal samples)
+            seed = derive_seed(self.a.seed, step, rnd)
+            for p, g in zip(probs, self._sample(probs, self.a.n, self.a.temperature, seed)):
                 sc = [self._score(r, p) for r in g]
                 shaped = torch.tensor([s + overlong_penalty(len(r.response), self.a.max_new_tokens, self.dapo.overlong_buffer,
                                                             self.dapo.overlong_factor) for s, r in zip(sc, g)])
@@ -217,41 +220,14 @@ class RLRun:
 
     # ------------------------------------------------------------------ trainer
     def train_step(self, groups: list[Group]) -> dict:
-        rollouts = [r for g in groups for r in g.rollouts]
-        advs = [a for g in groups for a in group_advantages(g.shaped, self.dapo.adv_eps).tolist()]
-        self.model.train()
-        out = batch_response_logprobs(self.model, rollouts, r3=self.a.r3, temperature=self.a.temperature)
-        old = [torch.tensor(r.logprobs, dtype=torch.float32, device=lp.device) for r, lp in zip(rollouts, out.logprobs)]
-        policy, policy_old = out.logprobs, old
-        if out.tempered is not None:
-            # The server samples from softmax(logits / T) but reports the untempered log-probabilities
-            # (SGLANG_RETURN_ORIGINAL_LOGPROB, what mismatch measures); the policy being trained is the
-            # tempered one, and its old values are the trainer's own before this (single) update.
-            policy, policy_old = out.tempered, [t.detach() for t in out.tempered]
-        terms, clipped = [], []
-        for lp, lp_old, adv in zip(policy, policy_old, advs):
-            t, c = clipped_token_loss(lp, lp_old, adv, self.dapo.eps_low, self.dapo.eps_high)
-            terms.append(t)
-            clipped.append(c)
-        tokens = sum(t.numel() for t in terms)
-        loss = torch.cat(terms).sum() / tokens  # DAPO token-level aggregation (grpo.token_level_loss)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.a.clip_grad))
-        self.opt.step()
-        agree = None
-        if out.routed is not None and all(r.routed_experts is not None for r in rollouts):
-            agree = torch.cat([same_expert_sets(own, r.routed_experts) for own, r in zip(out.routed, rollouts)])
-        mm = summarize(torch.cat([o.cpu() for o in old]), torch.cat([lp.detach().cpu() for lp in out.logprobs]), agree,
-                       len(rollouts), self.a.r3)
-        return {"loss": float(loss.detach()), "clip_frac": float(torch.cat(clipped).float().mean()), "grad_norm": grad_norm,
-                "tokens": tokens, "kl_mean": mm.kl_mean, "kl_p99": mm.kl_p99, "kl_max": mm.kl_max,
-                "dlogp_mean": mm.dlogp_mean, "dlogp_max": mm.dlogp_max, "routing_agreement": mm.routing_agreement}
+        return policy_update(self.model, self.opt, self.params, groups, self.dapo, temperature=self.a.temperature,
+                             r3=self.a.r3, clip_grad=self.a.clip_grad)
 
 
 def run(a: argparse.Namespace) -> list[dict]:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    require_rl_server(ServerClient(a.server), a.device, a.threads)  # before the model loads
     rl = RLRun(a)
     rl.push(0)  # the server serves exactly the trainer's (exported) weights from the first rollout on
     if a.check_exact and str(a.device) == "cpu":
@@ -384,8 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default). On the CPU "
-                   "use the server's count: the forward's values depend on it (docs/rl.md)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the server's count on the CPU, "
+                   "else torch's default); another count than the server's is refused (docs/rl.md)")
     p.add_argument("--no-check-exact", dest="check_exact", action="store_false",
                    help="CPU: skip the start-up check that the trainer reproduces the server's logprobs exactly")
     p.add_argument("--out", default="rl_out", help="directory for rl.jsonl, rl.png and the weight-sync files")
@@ -399,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.n < 2:
         p.error("--n must be >= 2 (group-relative advantages)")
+    if a.seed < 0 or a.threads < 0:
+        p.error("--seed and --threads must be >= 0")
     if not 0 < a.temperature <= 10:
         p.error(f"--temperature must be in (0, 10], got {a.temperature}")
     if a.family:
@@ -414,9 +392,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(a.threads)
     try:
         log = run(a)
-    except requests.ConnectionError as e:
-        raise SystemExit(f"train.rl: cannot reach the SGLang server at {a.server} ({type(e).__name__}); "
-                         f"start it first (benchmark/rl_run.sh shows the launch line)") from None
+    except ServerError as e:
+        raise SystemExit(f"train.rl: {e}") from None
     last = log[-1]
     print(json.dumps({"steps": len(log), "reward_last": last["reward"], "heldout_last": last["heldout"],
                       "kl_max": max((r.get("kl_max") or 0) for r in log)}))

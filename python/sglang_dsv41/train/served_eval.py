@@ -6,7 +6,7 @@ Sends each held-out (test-split) problem of `--level` (train/task.py, seed `--se
 request `{"role": "user", "content": "What is a+b?"}` with greedy decoding (temperature 0,
 `--max-tokens`), scores the reply with the task's reward (exact match of the last `\\boxed{...}`),
 and prints one JSON line: accuracy overall and per operator, the number of problems, and a few
-wrong replies.
+wrong replies. Any server model works (no RL flag needed); a server error stops it with one line.
 """
 
 from __future__ import annotations
@@ -15,18 +15,20 @@ import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
-
 from sglang_dsv41.train import task
 from sglang_dsv41.train.reward import reward
+from sglang_dsv41.train.rollout import ServerError, request_json
 
 
 def ask(server: str, model: str, question: str, max_tokens: int, timeout: float = 300.0) -> str:
+    """The greedy chat reply to `question`; ServerError (one line) when the server fails or answers no reply."""
     body = {"model": model, "messages": [{"role": "user", "content": question}], "temperature": 0.0,
             "max_tokens": max_tokens}
-    r = requests.post(f"{server.rstrip('/')}/v1/chat/completions", json=body, timeout=timeout)
-    r.raise_for_status()
-    return r.json()["choices"][0]["message"]["content"] or ""
+    out = request_json("POST", server.rstrip("/"), "/v1/chat/completions", body, timeout)
+    try:
+        return out["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise ServerError("POST /v1/chat/completions: no choices[0].message in the answer") from None
 
 
 def evaluate(server: str, model: str, level: int, n: int, seed: int = 0, max_tokens: int = 16,
@@ -61,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--workers and --max-tokens must be >= 1")
     try:
         result = evaluate(a.server, a.model, a.level, a.n, a.seed, a.max_tokens, a.workers)
-    except requests.ConnectionError as e:
-        raise SystemExit(f"served_eval: cannot reach the SGLang server at {a.server} ({type(e).__name__})") from None
+    except ServerError as e:
+        raise SystemExit(f"served_eval: {e}") from None
     print(json.dumps(result))
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import os
 
-from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, DEFAULT_PAGE_SIZE, is_dspark, resolve_model_name,
-                                                   v41_defaults, validate_flags)
+from sglang_dsv41.sglang.model.server_args import (ARCHITECTURE, DEFAULT_PAGE_SIZE, RL_FLAG, deterministic_env,
+                                                   is_dspark, is_rl_target, resolve_model_name, v41_defaults,
+                                                   validate_flags)
 from sglang_dsv41.sglang.platform import on_our_cpu_platform
 from sglang_dsv41.sglang.pool_limits import default_context
 
@@ -90,6 +91,53 @@ def v41_overrides(server_args, hf_config) -> dict:
     validate_flags(cfg, on_cpu, checkpoint_config(cfg.model_path, hf_config) if is_dspark(cfg) else None)
     raw = dict(getattr(server_args, "_raw_input", None) or {})
     return v41_defaults(cfg, raw, on_cpu)
+
+
+def _serves_v41(server_args) -> bool:
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+
+    return model_config_of(server_args).hf_config.architectures == [ARCHITECTURE]
+
+
+def deterministic_step(server_args, previous) -> None:
+    """Wrapper of SGLang's handle_deterministic_inference, for our model with --enable-deterministic-inference or
+    our RL target (SGLang turns the former on for any target). SGLang's step runs (pytorch sampling, no all-reduce
+    fusion; its attention-backend rule is skipped for our model by `skip_attention_backend_check`), then:
+      - the radix cache stays as it was: SGLang turns it off for attention backends it has not checked, and our
+        attention is our own, whose prefix hits are exact;
+      - the environment the scheduler inherits (server_args.deterministic_env): our batch-invariant numerics, and
+        for the RL target SGLang's raw logprobs and MKL's one CPU code path;
+      - for the RL target, routed experts are returned (full prefill was declared by the provider, which runs
+        earlier). Our target on another architecture is refused here: the provider runs only for ours."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    cfg = resolving_view(server_args)
+    rl = is_rl_target(cfg)
+    if not (rl or cfg.enable_deterministic_inference) or not _serves_v41(server_args):
+        if rl:
+            from sglang.srt.arg_groups.model_override_base import model_config_of
+
+            raise ValueError(f"{RL_FLAG}: serves {ARCHITECTURE} only, not "
+                             f"{model_config_of(server_args).hf_config.architectures}; remove it for this model")
+        return previous(server_args)
+    env = deterministic_env(rl, cfg.device == "cpu", os.environ)
+    radix = cfg.disable_radix_cache
+    previous(server_args)
+    fields = {"enable_return_routed_experts": True} if rl else {}
+    if resolving_view(server_args).disable_radix_cache != radix:
+        fields["disable_radix_cache"] = radix
+    if fields:
+        declare_resolution(server_args, "sglang_dsv41.deterministic", **fields)
+    os.environ.update(env)
+    logger.info("sglang-dsv41: %s: %s", RL_FLAG if rl else "--enable-deterministic-inference",
+                ", ".join([f"{k}={v}" for k, v in env.items()] + [f"{k}={v}" for k, v in fields.items()]))
+
+
+def skip_attention_backend_check(original, view) -> dict:
+    """AROUND hook on SGLang's `_deterministic_attention_backend(view)` pass: for our model nothing (its SGLang
+    attention backend is a placeholder; our attention is batch-invariant in deterministic mode, determinism.py).
+    SGLang's pass refuses the CPU platform's torch_native and picks fa3 / triton / flashinfer on CUDA."""
+    return {} if _serves_v41(view) else original(view)
 
 
 DSPARK_MAX_RUNNING = 48

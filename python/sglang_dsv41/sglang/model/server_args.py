@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
-from sglang_dsv41.determinism import deterministic
+from sglang_dsv41.determinism import DETERMINISTIC_ENV, deterministic
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
 
@@ -41,6 +41,20 @@ def is_dspark(cfg: Any) -> bool:
     """DSPARK requested (SGLang upper-cases the name after the provider has run)."""
     spec = getattr(cfg, "speculative_algorithm", None)
     return spec is not None and str(spec).upper() == "DSPARK"
+
+
+RL_TARGET = "sglang_dsv41"
+"""Our `--rl-on-policy-target` choice (rl_mode.add_rl_target adds it to SGLang's): the server computes what this
+package's trainer computes (docs/rl.md "Starting a server for RL")."""
+RL_FLAG = f"--rl-on-policy-target {RL_TARGET}"
+RETURN_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+"""SGLang's switch for logprobs of the raw distribution (read once, when the scheduler imports its sampler)."""
+MKL_CBWR_ENV, MKL_CBWR = "MKL_CBWR", "COMPATIBLE"
+"""MKL's one code path on every CPU and shape (read once, at MKL's first call)."""
+
+
+def is_rl_target(cfg: Any) -> bool:
+    return getattr(cfg, "rl_on_policy_target", None) == RL_TARGET
 
 
 def _flag_errors(cfg: Any, on_cpu: bool, model_cfg: Any = None) -> list[tuple[str, str]]:
@@ -82,7 +96,48 @@ def _flag_errors(cfg: Any, on_cpu: bool, model_cfg: Any = None) -> list[tuple[st
          bool(getattr(cfg, "enable_eplb", False))),
     ]
     dspark = _dspark_errors(cfg, model_cfg) if is_dspark(cfg) else []
-    return [(flag, why) for flag, why, bad in checks if bad] + _replay_errors(cfg) + dspark
+    return [(flag, why) for flag, why, bad in checks if bad] + _rl_errors(cfg) + _replay_errors(cfg) + dspark
+
+
+def _rl_errors(cfg: Any) -> list[tuple[str, str]]:
+    """(flag, why) for `--rl-on-policy-target`: SGLang's own targets (fsdp) tune SGLang layers our model does not
+    run; ours refuses what would make the server compute something the trainer's forward does not."""
+    get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    target = get("rl_on_policy_target")
+    if target is None:
+        return []
+    if target != RL_TARGET:
+        return [("--rl-on-policy-target", f"{target!r} tunes SGLang layers DeepSeek-V4.1 does not run (its trainer's "
+                 f"target is {RL_TARGET})")]
+    checks = [
+        ("--speculative-algorithm", f"DSPARK is not served with {RL_FLAG} (it returns no routed experts, which the "
+         "trainer replays)", is_dspark(cfg)),
+        (ENCODER, f"is not served with {RL_FLAG} (its prefix-hit replay is not checked against the trainer's forward)",
+         bool(get("enable_encoder_swa_bounded_replay", False))),
+        (DECODER, f"is not served with {RL_FLAG} (prefill runs every layer on every row, as the trainer's forward "
+         "does)", get("enable_decoder_swa_bounded_replay") is True),
+    ]
+    return [(flag, why) for flag, why, bad in checks if bad]
+
+
+def deterministic_env(rl: bool, on_cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables `--enable-deterministic-inference` sets in the launcher for our model (the scheduler, spawned
+    later, inherits them): our batch-invariant numerics; with `rl` (our RL target) also SGLang's raw logprobs and,
+    on the CPU, MKL's one code path. Raises ValueError naming a variable the user set to another value."""
+    flag = RL_FLAG if rl else "--enable-deterministic-inference"
+    out = {DETERMINISTIC_ENV: "1"}
+    if rl:
+        out[RETURN_ORIGINAL_LOGPROB_ENV] = "1"
+        if on_cpu:
+            out[MKL_CBWR_ENV] = MKL_CBWR
+    accepted = {DETERMINISTIC_ENV: lambda v: deterministic({DETERMINISTIC_ENV: v}),
+                RETURN_ORIGINAL_LOGPROB_ENV: lambda v: v.lower() in ("1", "true"),  # SGLang's get_bool_env_var
+                MKL_CBWR_ENV: lambda v: v == MKL_CBWR}
+    for name, value in out.items():
+        given = environ.get(name)
+        if given is not None and not accepted[name](given):
+            raise ValueError(f"{name}={given!r}: contradicts {flag}, which sets {name}={value}; unset it")
+    return out
 
 
 ENCODER = "--enable-encoder-swa-bounded-replay"
@@ -205,11 +260,12 @@ def _same_checkpoint(draft: str | None, model: str | None) -> bool:
 
 def resolve_decoder_replay(cfg: Any, raw: dict) -> bool | None:
     """The tri-state decoder flag: an explicit --[no-]enable-decoder-swa-bounded-replay wins (None is
-    returned: nothing to declare); otherwise on, unless every prompt row's hidden state is asked for.
+    returned: nothing to declare; an explicit on with our RL target is refused by `_rl_errors`); otherwise on,
+    unless every prompt row's hidden state is asked for or our RL target wants full prefill.
     Our runtime supports it on every device (CPU included) for any chunk size and page size."""
     if raw.get("enable_decoder_swa_bounded_replay") is not None:
         return None
-    return not bool(getattr(cfg, "enable_return_hidden_states", False))
+    return not (bool(getattr(cfg, "enable_return_hidden_states", False)) or is_rl_target(cfg))
 
 
 def validate_flags(cfg: Any, on_cpu: bool, model_cfg: Any = None) -> None:
