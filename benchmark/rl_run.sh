@@ -15,7 +15,6 @@
 # EVAL_EVERY [10], PROMPTS [8] groups per step, N [8] samples per group, MAX_NEW [16] tokens, LR [1e-4],
 # TEMPERATURE [1.0] sampling temperature (the loss trains the tempered policy),
 # ROUNDS [3] dynamic-sampling rounds, R3 [0] (1: routing replay), SEED [0], PORT [30000],
-# DETERMINISTIC [1] SGLANG_DSV41_DETERMINISTIC for the server and the trainer,
 # THREADS [1] torch threads of the server (OMP_NUM_THREADS) and of the trainer (--threads),
 # OUT [rl_out/<date>-cpu-rl] (rl.jsonl, rl.png, server.log, weight-sync files),
 # RESULTS [benchmark/results/<date>-cpu-rl] (.md table, .png curve).
@@ -55,15 +54,13 @@ OUT=${OUT:-rl_out/${DATE}-cpu-rl}
 RESULTS=${RESULTS:-benchmark/results/${DATE}-cpu-rl}
 
 export ATEN_CPU_CAPABILITY=default
-# Batch-invariant numerics on both sides: on the CPU a bf16 GEMM's last bits depend on its row count
-# (the BLAS picks kernels by shape), and the server's decode batch shrinks as sampled responses end,
-# so without it a few tokens' logprobs differ from the trainer's (docs/rl.md).
-export SGLANG_DSV41_DETERMINISTIC=${DETERMINISTIC:-1}
+# The server's one RL flag sets deterministic numerics, raw logprobs, routed experts, full prefill and
+# MKL's one code path (docs/rl.md); the trainer checks them at start and needs MKL's path exported too.
+export MKL_CBWR=COMPATIBLE
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 
-OMP_NUM_THREADS=$THREADS SGLANG_RETURN_ORIGINAL_LOGPROB=1 setsid python -m sglang.launch_server --model "$MODEL" --host 127.0.0.1 \
-    --port "$PORT" --enable-return-routed-experts --no-enable-decoder-swa-bounded-replay \
-    >"$OUT/server.log" 2>&1 &
+OMP_NUM_THREADS=$THREADS setsid python -m sglang.launch_server --model "$MODEL" --host 127.0.0.1 \
+    --port "$PORT" --rl-on-policy-target sglang_dsv41 >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -TERM -- -$SERVER 2>/dev/null || true; sleep 3; kill -KILL -- -$SERVER 2>/dev/null || true' EXIT
 
