@@ -48,3 +48,11 @@ def test_unseen_family_holds_only_problems_the_sft_never_saw():
 def test_bad_family_options_are_refused_naming_the_flag(kw, flag):
     with pytest.raises(ValueError, match=flag):
         Family.parse("10-99,2-9,*", **kw)
+
+
+def test_family_options_without_a_family_are_refused(capsys):
+    from sglang_dsv41.train.rl import main
+
+    with pytest.raises(SystemExit):
+        main(["--server", "http://127.0.0.1:1", "--family-unseen-level", "2"])
+    assert "apply to a --family" in capsys.readouterr().err

@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--seed and --threads must be >= 0")
     if not 0 < a.temperature <= 10:
         p.error(f"--temperature must be in (0, 10], got {a.temperature}")
+    if not a.family and (a.family_unseen_level is not None or a.family_heldout_percent != task.TEST_PERCENT):
+        p.error("--family-unseen-level / --family-heldout-percent apply to a --family; add one")
     if a.family:
         try:
             Family.parse(a.family, a.family_unseen_level, a.family_heldout_percent)
