@@ -1,28 +1,29 @@
 """Train/serve mismatch on one device: rollouts sampled by the offline driver (paged runtime, the
-kernel op table: Triton on CUDA), recomputed by the trainer (the QAT trainable forward over a dense KV,
-pure torch, autograd-capable), with and without routing replay (R3).
+kernel op table: Triton on CUDA), recomputed by the trainer two ways, with and without routing replay
+(R3), in deterministic mode and in the fast default mode.
 
-    python benchmark/mismatch_gpu.py --model deepseek-v4.1-tiny --prompts 16 --new 24 [--device cuda]
-        [--task-level 2] [--results benchmark/results/DATE-DEVICE-mismatch.md]
+    python benchmark/mismatch_gpu.py --model deepseek-v4.1-tiny --prompt-ids benchmark/level2_prompts_128.json
+        --new 24 [--device cuda] [--modes deterministic,fast] [--results benchmark/results/DATE-DEVICE-mismatch.md]
 
-Rollouts: every prompt is prefilled in one chunk, then decoded step by step; each new token is
-sampled at temperature 1 from the driver's fp32 logits (seeded torch.Generator on the device), its
-logprob is log_softmax(logits)[token] in fp32 (what an RL server returns with
-SGLANG_RETURN_ORIGINAL_LOGPROB=1), and every forward's routed experts are kept ([prompt + response -
-1, layers, top_k], the server's `return_routed_experts` layout). Prompts: seeded random ids, or with
---task-level the chat-rendered arithmetic problems of train/task.py (test split).
+Rollouts (`train.driver_rollouts.sample_rollouts`): every prompt prefilled in one chunk, then decoded
+step by step; each token sampled at temperature 1 from the driver's fp32 logits, its logprob
+log_softmax(logits)[token] in fp32 (an RL server's SGLANG_RETURN_ORIGINAL_LOGPROB=1), every forward's
+routed experts kept. Prompts: seeded random ids, --task-level's chat-rendered arithmetic problems
+(test split), or --prompt-ids (rendered elsewhere).
 
-Trainer: `train.load_trainable(model, device)` (fp32 masters, every serving rounding as a
-straight-through op), `train.mismatch.measure`: per rollout one forward of prompt + response[:-1];
-metrics from `train.mismatch.summarize` (per-token KL(rollout || trainer) by k3 from the sampled
-token, |dlogp| mean / max, routing agreement of the trainer's own routing).
+Trainer (`train.load_trainable`: fp32 masters, every serving rounding straight-through), per rollout
+(`train.mismatch.measure`):
+  torch forward    its own forward (torch ops over a dense KV): prompt + response[:-1]
+  serving values   train/serving_values.py: the value of its logits is the rollouts' forward (a prefill
+                   of the serving bytes of its masters through the same op table), the gradient its own
+Metrics from `train.mismatch.summarize`: per-token KL(rollout || trainer) by k3 at the sampled token,
+|dlogp| mean / max, routing agreement of the trainer's routing (the value forward's under serving values).
 
-Rows (each on the rollouts of its own driver run, same prompts and sampling seed):
-  driver kernels   the driver with `kernel_table(device)` (Triton on CUDA, twins on the CPU)
-  driver twins     the driver with `OpTable.twins()` on the same device (the torch twins), to
-                   separate what the kernels contribute from what the device's torch ops contribute
-For each: the trainer unforced and under R3 (the rollout's experts forced). On the CPU every value is
-0 (the same forward, deterministic): that is the check this script makes before any GPU run.
+Modes (SGLANG_DSV41_DETERMINISTIC for the rollouts and the trainer alike): `deterministic` (batch-invariant
+kernels: a row's bits independent of the batch and of prefill vs decode) and `fast` (the default).
+`--twins` adds rollouts by the driver with `OpTable.twins()` on the same device (the torch twins), which
+separates what the kernels contribute from what the device's torch ops contribute. On the CPU every value
+is 0 (the same forward, deterministic): the check this script makes before any GPU run.
 """
 
 from __future__ import annotations
@@ -48,58 +49,16 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 from dsv41_kernels.op_table import OpTable  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
 from sglang_dsv41.embedded import resolve_model_path  # noqa: E402
-from sglang_dsv41.runtime.driver import Driver, Sequence  # noqa: E402
-from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
+from sglang_dsv41.determinism import DETERMINISTIC_ENV  # noqa: E402
 from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.train.mismatch import measure, random_prompts  # noqa: E402
-from sglang_dsv41.train.rollout import Rollout  # noqa: E402
+from sglang_dsv41.train.driver_rollouts import sample_rollouts  # noqa: E402
+from sglang_dsv41.train.serving_values import ServingValues  # noqa: E402
 
 PUBLISHED = "KL 0.0012-0.0017, mean |dlogp| 0.017-0.025 (Miles, V4.1, SGLang rollouts, 16 GPUs)"
-TARGET = {"kl_mean": 5e-4, "dlogp_mean": 0.01}
-
-
-def sample_rollouts(model, table, prompts: list[list[int]], new: int, device: str, seed: int,
-                    stop_id: int | None = None) -> tuple[list[Rollout], Counter]:
-    """Prefill every prompt in one chunk, then decode `new` tokens each at temperature 1 (stopping a
-    sequence at `stop_id`). -> rollouts with fp32 logprobs and int32 routed experts, op-call counts."""
-    table, calls = table.counting()
-    apply_numerics(model, NumericsPolicy.kernels(table))
-    k, layers = model.cfg.moe.n_activated_experts, model.cfg.num_layers
-    max_tokens = sum(len(p) + new for p in prompts) + len(prompts) * 64
-    drv = Driver(model, max_tokens, len(prompts), page_size=64, device=device, ops=table, graphs=False)
-    seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(prompts)]
-    for s in seqs:
-        drv.pools.clear_request(s.req_slot)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    routed: list[list[torch.Tensor]] = [[] for _ in prompts]  # per sequence: [rows, layers, k] chunks
-    resp: list[list[int]] = [[] for _ in prompts]
-    lps: list[list[float]] = [[] for _ in prompts]
-    active = list(seqs)
-    counts = [len(p) for p in prompts]
-    with torch.no_grad():
-        while active:
-            out = drv.step(active, counts)
-            table_rows = torch.stack([out.decisions.routed_experts[layer] for layer in range(layers)], dim=1)
-            table_rows = table_rows.to(torch.int32).cpu()  # [rows, layers, k], rows request-major
-            logp = torch.log_softmax(out.logits.float(), dim=-1)
-            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-            lp = logp.gather(1, tok[:, None]).squeeze(1)
-            tok, lp = tok.tolist(), lp.cpu().tolist()
-            row, nxt = 0, []
-            for s, c, t, v in zip(active, counts, tok, lp):
-                routed[s.req_slot].append(table_rows[row: row + c])
-                row += c
-                resp[s.req_slot].append(t)
-                lps[s.req_slot].append(v)
-                s.tokens.append(t)
-                s.prefill_len = len(s.tokens)
-                if len(resp[s.req_slot]) < new and t != stop_id:
-                    nxt.append(s)
-            active, counts = nxt, [1] * len(nxt)
-    drv.release(seqs)
-    ros = [Rollout(prompt=list(p), response=r, logprobs=v, finish="length", routed_experts=torch.cat(x)[: len(p) + len(r) - 1])
-           for p, r, v, x in zip(prompts, resp, lps, routed)]
-    return ros, calls
+TARGET = {"deterministic": {"kl_mean": 0.0, "dlogp_mean": 0.0}, "fast": {"kl_mean": 5e-4, "dlogp_mean": 0.005}}
+"""issue 31's targets for the trainer against Triton rollouts, per mode."""
+MODES = ("deterministic", "fast")
 
 
 def read_prompt_ids(path: str, vocab: int, ap: argparse.ArgumentParser) -> tuple[list[list[int]], int | None, str]:
@@ -132,9 +91,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=24, help="sampled tokens per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--no-twins", action="store_true", help="skip the driver-twins row")
+    ap.add_argument("--twins", action="store_true", help="also rollouts by the driver's torch twins on the device")
+    ap.add_argument("--modes", default="deterministic,fast", help="comma-separated: deterministic, fast")
     ap.add_argument("--results", default=None, help="write the table and run details to this markdown file")
     a = ap.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: comma-separated values of {', '.join(MODES)}, got {a.modes!r}")
     for flag in ("prompts", "prompt_len", "new"):
         if getattr(a, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -172,28 +135,38 @@ def main(argv: list[str] | None = None) -> None:
         prompts = random_prompts(a.prompts, a.prompt_len, cfg.vocab_size, a.seed)
     t0 = time.perf_counter()
     trainer = load_trainable(path, device=a.device)
-    variants = [("driver kernels", kernel_table(a.device))] + ([] if a.no_twins else [("driver twins", OpTable.twins())])
-    rows, lines, calls_note = [], [], {}
-    for name, table in variants:
-        model = cfg_model if name == "driver kernels" else load_model(path, device=a.device, progress=False)
-        ros, calls = sample_rollouts(model, table, prompts, a.new, a.device, a.seed, stop_id)
-        impl = Counter(i for (_, i) in calls.elements())
-        calls_note[name] = dict(impl)
-        res = measure(trainer, ros, r3=True)
-        for r3 in (False, True):
-            m = res[r3]
-            rows.append({"rollouts": name, "trainer": "R3 (experts forced)" if r3 else "own routing", **m.__dict__})
+    variants = [("driver kernels", kernel_table(a.device))] + ([("driver twins", OpTable.twins())] if a.twins else [])
+    rows, calls_note = [], {}
+    for mode in modes:
+        os.environ[DETERMINISTIC_ENV] = "1" if mode == "deterministic" else "0"
+        for name, table in variants:
+            model = load_model(path, device=a.device, progress=False)
+            ros, calls = sample_rollouts(model, table, prompts, a.new, a.device, a.seed, stop_id)
+            del model
+            calls_note[f"{mode}, {name}"] = dict(Counter(i for (_, i) in calls.elements()))
+            values = ServingValues(trainer, path, table, max_tokens=max(len(r.sequence) for r in ros) + 64)
+            for trainer_name, v in (("torch forward", None), ("serving values", values)):
+                res = measure(trainer, ros, r3=True, values=v)
+                for r3 in (False, True):
+                    rows.append({"mode": mode, "rollouts": name, "trainer": trainer_name,
+                                 "routing": "R3 (experts forced)" if r3 else "own", **res[r3].__dict__})
+            del values
     elapsed = time.perf_counter() - t0
     dev_name = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"cpu ({platform.processor() or platform.machine()})"
-    head = "| rollouts | trainer | tokens | KL mean | KL p99 | KL max | mean abs dlogp | max abs dlogp | routing agreement |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    head = ("| mode | rollouts | trainer | routing | tokens | KL mean | KL p99 | KL max | mean abs dlogp | max abs dlogp "
+            "| routing agreement | target (KL, dlogp) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['rollouts']} | {r['trainer']} | {r['tokens']} | {r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
-                     f"{r['kl_max']:.3g} | {r['dlogp_mean']:.3g} | {r['dlogp_max']:.3g} | {r['routing_agreement']:.4f} |")
+        t = TARGET[r["mode"]]
+        met = "met" if r["kl_mean"] <= t["kl_mean"] and r["dlogp_mean"] <= t["dlogp_mean"] else "not met"
+        lines.append(f"| {r['mode']} | {r['rollouts']} | {r['trainer']} | {r['routing']} | {r['tokens']} | "
+                     f"{r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
+                     f"{r['kl_max']:.3g} | {r['dlogp_mean']:.3g} | {r['dlogp_max']:.3g} | {r['routing_agreement']:.4f} | "
+                     f"<= {t['kl_mean']:g}, <= {t['dlogp_mean']:g}: {met} |")
     for line in lines:
         print(line)
     print(json.dumps({"op_calls": calls_note, "seconds": round(elapsed, 1)}))
-    print(f"published: {PUBLISHED}; target: KL mean <= {TARGET['kl_mean']}, mean |dlogp| <= {TARGET['dlogp_mean']}")
+    print(f"published: {PUBLISHED}")
     if a.results:
         try:
             import triton
@@ -209,10 +182,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{cfg.moe.n_routed_experts} experts, top-{cfg.moe.n_activated_experts})",
                 f"- rollouts: {prompt_desc}, {a.new} tokens sampled at temperature 1 each (seed {a.seed}); "
                 f"op calls by implementation: {json.dumps(calls_note)}",
-                f"- trainer: the QAT trainable forward (fp32 masters, torch ops) on {a.device}; KL = per-token k3 "
-                f"estimate of KL(rollout || trainer) at the sampled token; {elapsed:.0f} s in all", "",
+                f"- trainer: the QAT trainable model (fp32 masters) on {a.device}: its torch forward, and with serving "
+                f"values (train/serving_values.py: value from the rollouts' forward over its exported bytes, gradient "
+                f"from its own); KL = per-token k3 estimate of KL(rollout || trainer) at the sampled token; "
+                f"{elapsed:.0f} s in all", "",
                 *lines, "",
-                f"Published anchor: {PUBLISHED}. Target: KL mean <= {TARGET['kl_mean']}, mean |dlogp| <= {TARGET['dlogp_mean']}.", ""]
+                f"Published anchor: {PUBLISHED}. Targets (issue 31, Triton rollouts): deterministic mode KL 0 and "
+                f"|dlogp| 0; fast mode KL mean <= {TARGET['fast']['kl_mean']}, mean |dlogp| <= {TARGET['fast']['dlogp_mean']}.", ""]
         Path(a.results).parent.mkdir(parents=True, exist_ok=True)
         Path(a.results).write_text("\n".join(text))
 

@@ -79,27 +79,40 @@ def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(model: DeepseekV41, rollouts: list[Rollout], r3: bool) -> dict[bool, Mismatch]:
+def measure(model: DeepseekV41, rollouts: list[Rollout], r3: bool, values=None) -> dict[bool, Mismatch]:
     """Recompute every rollout in the trainer -> {False: metrics of the trainer's own routing, True:
     metrics with the rollout's experts forced (only with `r3`)}. Routing agreement is measured on the
-    trainer's own routing in both."""
+    trainer's own routing in both. `values` (train/serving_values.py ServingValues): the trainer's
+    logprobs take the values of the rollouts' own forward (what an RL step with `values` trains on)."""
     server = torch.cat([torch.tensor(ro.logprobs, dtype=torch.float32) for ro in rollouts]) if rollouts else torch.zeros(0)
     own, forced, agree = [], [], []
     for ro in rollouts:
-        lp, _, dec = response_logprobs(model, ro.prompt, ro.response)
-        own.append(lp.cpu())
+        lp, routed = _recompute(model, ro, False, values)
+        own.append(lp)
         if ro.routed_experts is not None:
-            agree.append(same_expert_sets(routed_table(dec).cpu(), ro.routed_experts))
+            agree.append(same_expert_sets(routed, ro.routed_experts))
         if r3:
             if ro.routed_experts is None:
                 raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
-            forced.append(response_logprobs(model, ro.prompt, ro.response, ro.routed_experts)[0].cpu())
+            forced.append(_recompute(model, ro, True, values)[0])
     cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0)  # noqa: E731
     a = cat(agree) if agree else None
     out = {False: summarize(server, cat(own), a, len(rollouts), False)}
     if r3:
         out[True] = summarize(server, cat(forced), a, len(rollouts), True)
     return out
+
+
+@torch.no_grad()
+def _recompute(model: DeepseekV41, ro: Rollout, r3: bool, values) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (fp32 [R] the trainer's logprobs of the response, int32 [P + R - 1, layers, k] its routing)."""
+    if values is None:
+        lp, _, dec = response_logprobs(model, ro.prompt, ro.response, ro.routed_experts if r3 else None)
+        return lp.cpu(), routed_table(dec).cpu()
+    from sglang_dsv41.train.policy import batch_response_logprobs
+
+    value = values.logits([ro], r3)
+    return batch_response_logprobs(model, [ro], r3=r3, values=value).logprobs[0].cpu(), value.routed[0]
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -14,15 +14,20 @@ rollout, which is what the server computed (train/mismatch.py measures it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.transformer import DeepseekV41
+from sglang_dsv41.quant.ste import ste
 from sglang_dsv41.reference.dense_kv import DenseKV
 from sglang_dsv41.tokenizer.tiny_tokenizer import PAD_TOKEN_ID
 from sglang_dsv41.train.rollout import Rollout
+
+if TYPE_CHECKING:
+    from sglang_dsv41.train.serving_values import Values
 
 
 @dataclass
@@ -43,9 +48,12 @@ def _padded_length(rollouts: list[Rollout], cfg) -> int:
 
 
 def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False,
-                            temperature: float = 1.0) -> BatchLogprobs:
+                            temperature: float = 1.0, values: Values | None = None) -> BatchLogprobs:
     """`temperature` != 1 also returns the tempered log-probabilities (the sampling policy's); the
-    untempered ones stay what the server reports (SGLANG_RETURN_ORIGINAL_LOGPROB) and what mismatch measures."""
+    untempered ones stay what the server reports (SGLANG_RETURN_ORIGINAL_LOGPROB) and what mismatch measures.
+    `values` (train/serving_values.py, computed for these rollouts with the same `r3`): the response
+    rows' logits take its values (straight-through: the gradient flows through this forward, which
+    replays its routed experts) and `routed` is its routing."""
     if not rollouts:
         raise ValueError("batch_response_logprobs needs at least one rollout")
     if not temperature > 0:
@@ -55,8 +63,10 @@ def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: boo
     ids = torch.full((b, t), PAD_TOKEN_ID, dtype=torch.int64)
     for i, r in enumerate(rollouts):
         ids[i, : len(r.prompt) + len(r.response)] = torch.tensor(r.sequence)
+    if values is not None:
+        rollouts = [replace(r, routed_experts=e) for r, e in zip(rollouts, values.routed)]
     replay = None
-    if r3:
+    if r3 or values is not None:
         k, layers = cfg.moe.n_activated_experts, cfg.num_layers
         forced = torch.arange(k, dtype=torch.int32).repeat(b, t, layers, 1)  # [B, T, layers, k]
         for i, r in enumerate(rollouts):
@@ -71,12 +81,16 @@ def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: boo
     for i, r in enumerate(rollouts):
         p, n = len(r.prompt), len(r.response)
         z = logits[i, p - 1: p - 1 + n].float()
+        if values is not None:
+            z = ste(z, values.logits[i])
         target = torch.tensor(r.response, dtype=torch.int64, device=device)[:, None]
         lps.append(torch.log_softmax(z, dim=-1).gather(1, target).squeeze(1))
         if temperature != 1.0:
             tempered.append(torch.log_softmax(z / temperature, dim=-1).gather(1, target).squeeze(1))
-        if not r3:
+        if not r3 and values is None:
             table = torch.stack([out.decisions.routed_experts[layer].view(b, t, -1)[i, : p + n - 1]
                                  for layer in sorted(out.decisions.routed_experts)], dim=1)
             routed.append(table.to(torch.int32).cpu())
+    if values is not None and not r3:
+        routed = values.routed
     return BatchLogprobs(lps, None if r3 else routed, tempered if temperature != 1.0 else None)

@@ -11,7 +11,7 @@ the mismatch columns of every step.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -19,6 +19,9 @@ from sglang_dsv41.train.grpo import DAPOConfig, clipped_token_loss, group_advant
 from sglang_dsv41.train.mismatch import same_expert_sets, summarize
 from sglang_dsv41.train.policy import batch_response_logprobs
 from sglang_dsv41.train.rollout import Rollout
+
+if TYPE_CHECKING:
+    from sglang_dsv41.train.serving_values import ServingValues
 
 
 class RolloutGroup(Protocol):
@@ -28,14 +31,18 @@ class RolloutGroup(Protocol):
 
 
 def policy_update(model, opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], groups: Sequence[RolloutGroup],
-                  dapo: DAPOConfig, *, temperature: float = 1.0, r3: bool = False, clip_grad: float = 1.0) -> dict:
+                  dapo: DAPOConfig, *, temperature: float = 1.0, r3: bool = False, clip_grad: float = 1.0,
+                  values: ServingValues | None = None) -> dict:
     """One update of `params` (the model's trainable masters) by `opt` on `groups` (each an informative group
     of samples of one prompt). -> {loss, clip_frac, grad_norm, tokens} and the train/serve mismatch of the
-    batch (kl_mean, kl_p99, kl_max, dlogp_mean, dlogp_max, routing_agreement) against the rollouts' logprobs."""
+    batch (kl_mean, kl_p99, kl_max, dlogp_mean, dlogp_max, routing_agreement) against the rollouts' logprobs.
+    `values` (train/serving_values.py): the logprobs' values come from the rollouts' own forward (the serving
+    op table over a serving copy of the weights), the gradient from the trainer's; synced after the step."""
     rollouts = [r for g in groups for r in g.rollouts]
     advs = [a for g in groups for a in group_advantages(g.shaped, dapo.adv_eps).tolist()]
     model.train()
-    out = batch_response_logprobs(model, rollouts, r3=r3, temperature=temperature)
+    value = values.logits(rollouts, r3) if values is not None else None
+    out = batch_response_logprobs(model, rollouts, r3=r3, temperature=temperature, values=value)
     served = [torch.tensor(r.logprobs, dtype=torch.float32, device=lp.device) for r, lp in zip(rollouts, out.logprobs)]
     policy, policy_old = out.logprobs, served
     if out.tempered is not None:
@@ -51,6 +58,8 @@ def policy_update(model, opt: torch.optim.Optimizer, params: Sequence[torch.Tens
     loss.backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_grad))
     opt.step()
+    if values is not None:
+        values.sync()
     agree = None
     if out.routed is not None and all(r.routed_experts is not None for r in rollouts):
         agree = torch.cat([same_expert_sets(own, r.routed_experts) for own, r in zip(out.routed, rollouts)])

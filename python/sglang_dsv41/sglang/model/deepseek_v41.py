@@ -21,6 +21,7 @@ from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
 from dsv41_kernels.op_table import OpTable
 from sglang_dsv41.checkpoint.io import CheckpointError, check_finite, check_tensors
+from sglang_dsv41.checkpoint.loader import replace_tensors
 from sglang_dsv41.checkpoint.update import read_update_dir, read_update_payload, scan_checkpoint
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
@@ -172,14 +173,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         runtime, kernel slots) stays valid. KV pools and the token store need no reset: SGLang flushes
         its radix cache after the update, and every slot is written before it is read again. The
         Engram token map comes from the tokenizer and does not change."""
-        state = self.model.state_dict(keep_vars=True)
-        with torch.no_grad():
-            for name, t in tensors.items():
-                state[name].copy_(t)  # stacked MoE experts: the parameters are views, so the stack follows
-        for m in self.model.modules():  # copies derived from weights (Attention.apply_numerics)
-            if "_dequantized" in m.__dict__:
-                m.keep_dequantized(True)
-        logger.info("weight update: %d of %d tensors replaced", len(tensors), len(state))
+        replace_tensors(self.model, tensors)
+        logger.info("weight update: %d of %d tensors replaced", len(tensors), len(self.model.state_dict()))
 
     def _frozen_in_update(self, names) -> str | None:
         if self.engram_host is None:
