@@ -75,12 +75,14 @@ def copy_table(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
 
 class DecodeGraph:
     def __init__(self, runtime, batch_size: int, capacity: int, history_width: int, capture: bool | None = None,
-                 pool=None, scratch_slots: int = 2):
+                 pool=None, scratch_slots: int = 2, padding: bool = False):
         """`runtime`: a `Runtime` (model + pools + op table). `capacity`: the largest seq end (tokens
         after the step) any request may have. `history_width`: Engram n-gram history columns
         (max_ngram_size - 1; 1 without Engram). `capture`: None = on CUDA only. `pool`: a CUDA graph
         memory pool handle to share between graphs. `scratch_slots`: slots 0..scratch_slots-1 may
-        be written by the warm-up (>= 2; the driver reserves a whole page)."""
+        be written by the warm-up (>= 2; the driver reserves a whole page). `padding`: the step
+        carries `Batch.real_rows` (a device scalar, `load` sets it), so fewer requests than B can
+        run through it, the rest padding rows that store nothing."""
         pools = runtime.pools
         if pools.window_rings:
             raise ValueError("decode graphs need per-token window pools; encoder SWA replay (window rings) "
@@ -106,10 +108,11 @@ class DecodeGraph:
             self.history = torch.zeros(B, history_width, **i64)
             self.token_table = torch.full((B, capacity), -1, **i64)
             rows = torch.arange(B, **i64)
+            self.real_rows = torch.full((), B, **i64) if padding else None
             self.batch = Batch(input_ids=self.input_ids, positions=self.positions, req_index=rows,
                                req_slots=self.req_slots, prefix_lens=self.positions,
                                extend_lens=torch.ones(B, **i64), token_table=self.token_table, history=self.history,
-                               logits_rows=rows, seq_capacity=capacity, static=True)
+                               logits_rows=rows, seq_capacity=capacity, static=True, real_rows=self.real_rows)
             self._table_set = False
             self.graph = None
             self.out: ForwardOutput | None = None
@@ -155,22 +158,72 @@ class DecodeGraph:
         h[:, 2] = torch.tensor(list(req_slots), dtype=torch.int64)
         h[:, 3:] = torch.tensor([list(r) for r in history], dtype=torch.int64)
         self.staging.copy_(h, non_blocking=True)
+        if self.real_rows is not None:
+            self._unpack()
+            self.real_rows.fill_(self.B)
         if self.graph is not None:
             self.graph.replay()
         else:
-            self.out = self._forward()
+            self.out = self._body()
+        return self.out
+
+    @torch.inference_mode()
+    def load(self, batch: Batch) -> None:
+        """Device-side inputs (no host read): a static decode `batch` of n <= B requests (one row each,
+        every position < capacity: the caller's bucket choice guarantees it; table columns past the
+        capacity are dropped)
+        goes into rows 0..n-1; rows n..B-1 repeat row 0 and are padding (`real_rows` = n: they store
+        nothing). Then `replay()`. Needs `padding=True`."""
+        n = batch.num_rows
+        if not batch.static or batch.req_slots.numel() != n or batch.history.size(1) != self.hw:
+            raise ValueError("DecodeGraph.load takes a static decode batch (one row per request) of the graph's history width")
+        if self.real_rows is None:
+            raise ValueError("DecodeGraph.load needs a graph built with padding=True (its inputs live outside the graph)")
+        if n > self.B:
+            raise ValueError(f"decode graph for batch size {self.B}: got {n} requests")
+        src = torch.arange(self.B, device=self.device)
+        src = torch.where(src < n, src, 0)
+        self.input_ids.copy_(batch.input_ids[src])
+        self.positions.copy_(batch.positions[src])
+        self.req_slots.copy_(batch.req_slots[src])
+        self.history.copy_(batch.history[src])
+        w = min(batch.token_table.size(1), self.capacity)  # columns past every position are never read
+        self.token_table.fill_(-1)
+        self.token_table[:, :w].copy_(batch.token_table[src, :w])
+        if self.real_rows is not None:
+            self.real_rows.fill_(n)
+        self._table_set = True
+
+    @torch.inference_mode()
+    def replay(self) -> ForwardOutput:
+        """Run the step on the inputs `load` left in the buffers (the graph, or eagerly)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.out = self._body()
         return self.out
 
     # ------------------------------------------------------------------ the step
-    def _forward(self) -> ForwardOutput:
+    def _run(self) -> ForwardOutput:
+        out = self.runtime.forward(self.batch)
+        self.next_tokens = out.logits.argmax(-1)
+        return out
+
+    def _unpack(self) -> None:
         s = self.staging
         self.input_ids.copy_(s[:, 0])
         self.positions.copy_(s[:, 1])
         self.req_slots.copy_(s[:, 2])
         self.history.copy_(s[:, 3:])
-        out = self.runtime.forward(self.batch)
-        self.next_tokens = out.logits.argmax(-1)
-        return out
+
+    def _forward(self) -> ForwardOutput:
+        self._unpack()
+        return self._run()
+
+    def _body(self) -> ForwardOutput:
+        """What the graph holds: with padding the inputs are loaded outside it (`load`, or `step`'s
+        unpack), else the staging unpack is part of it."""
+        return self._run() if self.real_rows is not None else self._forward()
 
     def _capture(self, pool, scratch_slots: int) -> None:
         B = self.B
@@ -179,13 +232,16 @@ class DecodeGraph:
         h[:, 2] = torch.arange(B)
         self.staging.copy_(h)
         self.token_table.copy_((torch.arange(self.capacity, device=self.device) % scratch_slots).expand(B, -1))
+        if self.real_rows is not None:
+            self._unpack()
+            self.real_rows.fill_(B)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                self._forward()
+                self._body()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.out = self._forward()
+            self.out = self._body()
         self.token_table.fill_(-1)

@@ -69,8 +69,9 @@ EVERY_PROCESS = (
     Hook("arg_groups.serving_hook.handle_missing_default_values", STEP, arg_resolution.cpu_device_step,
          "on our CPU platform the device is `cpu` (SGLang's get_device() knows none without CUDA or its CPU engine)."),
     Hook("arg_groups.cuda_graph_hook.handle_cuda_graph_config", STEP, cuda_graphs.cuda_graphs_off_step,
-         "for our model on CUDA both graph phases are disabled (the adapter's forward is not wired for capture) "
-         "and flags that act only through capture are rejected."),
+         "for our model on CUDA SGLang's graph runners are disabled and its decode graph settings drive the "
+         "model's own decode graphs (batch x capacity buckets, SGLANG_DSV41_DECODE_GRAPHS); flags that act only "
+         "through SGLang's runners are rejected."),
     Hook("arg_groups.model_override_base.register_model_override", PROVIDER, arg_resolution.v41_overrides,
          "page size 64 when unset, even page sizes only, and startup errors naming rejected flags (server_args.py)."),
     # ------------------------------------------------ deterministic mode and our RL target (docs/rl.md)

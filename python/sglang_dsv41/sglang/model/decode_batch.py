@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.runtime.batch import Batch
+from sglang_dsv41.runtime.decode_graphs import CAPACITY_FLOOR  # smallest token-table width: one bucket for short contexts
 from sglang_dsv41.sglang.model.forward import TokenStore
 
-CAPACITY_FLOOR = 256
-"""Smallest token-table width of a decode batch: one bucket for all short contexts."""
 
 
 def decode_capacity(max_seq_len: int | None, table_width: int, floor: int = CAPACITY_FLOOR) -> int:
@@ -31,8 +30,9 @@ def decode_capacity(max_seq_len: int | None, table_width: int, floor: int = CAPA
     the step: the next power of two at or above it, at least `floor`, at most `table_width` (the width
     of SGLang's req_to_token, which bounds every request). C >= every seq end, as
     `Batch.seq_capacity` requires; powers of two keep the number of distinct widths small while the
-    indexer's C // ratio columns stay under twice the longest request's. None (no host lengths):
-    the whole table."""
+    indexer's C // ratio columns stay under twice the longest request's. These are the capacity
+    buckets of the decode graphs (`GraphBuckets.default`), so a replay runs the eager step's width.
+    None (no host lengths): the whole table."""
     if max_seq_len is None:
         return table_width
     if not 0 < max_seq_len <= table_width:

@@ -27,11 +27,13 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.transformer import DeepseekV41
 from sglang_dsv41.parallel import shard, take_shards, tensor_shards
 from sglang_dsv41.runtime import KVPools, Runtime
+from sglang_dsv41.runtime.decode_graphs import DecodeGraphSet
 from sglang_dsv41.runtime.spec_step import DSparkStep
 from sglang_dsv41.sglang.model.engram_host import EngramHostPlacement
 from sglang_dsv41.sglang.model.request_windows import RequestWindows
 from sglang_dsv41.sglang.model.server_args import swa_replay_modes
 from sglang_dsv41.sglang.model.tensor_parallel import sglang_sharding
+from sglang_dsv41.sglang.model.cuda_graphs import DECODE_GRAPHS_ENV, decode_graph_buckets
 from sglang_dsv41.sglang.model.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
 from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.model.forward_dump import ForwardDump
@@ -95,6 +97,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.windows: RequestWindows | None = None
         self.store: TokenStore | None = None
         self.decode_rows: torch.Tensor | None = None  # int64 [req slots] arange: rows of a decode batch
+        self.decode_graphs: DecodeGraphSet | None = None  # CUDA: pure decode's captured graphs
         self.dspark: DSparkStep | None = None  # --speculative-algorithm DSPARK (dspark_worker.py)
         ngram = self.cfg.engram.max_ngram_size if self.cfg.engram else 2
         self.history_width = max(ngram - 1, 1)
@@ -208,8 +211,27 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.windows = RequestWindows(pools, self.cfg.attention.window_size) if replay.encoder else None
         self.store = TokenStore(num_slots, self.device)
         self.decode_rows = torch.arange(num_req_slots, dtype=torch.int64, device=self.device)
+        self.decode_graphs = self._decode_graphs(num_req_slots, int(req_to_token.shape[1]), page)
         logger.info("\n%s", startup_report(self.cfg, num_slots, num_req_slots, page, int(req_to_token.shape[1]),
                                            self.engram_host, replay, generic_pool_facts(kv_pool), speculative))
+
+    def _decode_graphs(self, num_req_slots: int, table_width: int, page: int) -> DecodeGraphSet | None:
+        """Our decode CUDA graphs (cuda_graphs.py, runtime/decode_graphs.py): on CUDA as SGLang's decode
+        graph settings say, captured per (batch, capacity) bucket on first use; None (eager) elsewhere."""
+        if torch.device(self.device).type != "cuda":
+            return None
+        buckets = decode_graph_buckets(os.environ.get(DECODE_GRAPHS_ENV), num_req_slots, table_width)
+        reason = ("turned off by SGLang's decode graph settings" if buckets is None
+                  else "encoder SWA bounded replay (per-request window state on the host)" if self.windows is not None
+                  else "tensor parallelism (its collectives run eagerly)" if self.shards is not None
+                  else "Engram tables in host memory (a host lookup every step)" if self.engram_host is not None
+                  else "page size 1 (the warm-up writes two reserved slots)" if page < 2 else None)
+        if reason:
+            logger.info("decode CUDA graphs off: %s", reason)
+            return None
+        logger.info("decode CUDA graphs: batch buckets %s, capacity buckets %s (captured on first use)",
+                    list(buckets.batch_sizes), list(buckets.capacities))
+        return DecodeGraphSet(self.runtime, buckets, self.history_width, scratch_slots=page)
 
     def set_dspark_layers_to_capture(self, layer_ids) -> None:
         """SGLang's DSPARK setup names the target layers whose input it would capture; our forward
@@ -281,9 +303,13 @@ class DeepseekV41ForCausalLM(nn.Module):
         and admission.check_admitted on the scheduler's validate_input_length, both through
         validation.ids_error), and every prompt id reaches the model in an extend forward, which
         keeps `_check_ids`, as do a retracted request's re-prefill and the mixed forward."""
-        capacity = decode_capacity(host_max_seq_len(fb), int(req_to_token.shape[1]))
+        longest = host_max_seq_len(fb)
+        capacity = decode_capacity(longest, int(req_to_token.shape[1]))
         batch = build_decode_batch(fb, req_to_token, self.store, self.history_width, self.decode_rows, capacity)
-        out = self.runtime.forward(batch)
+        if self.decode_graphs is not None and longest is not None:  # CUDA: a captured graph, or eager outside its buckets
+            out = self.decode_graphs.forward(batch, longest)
+        else:
+            out = self.runtime.forward(batch)
         if self.dump is not None:
             self.dump.write(fb, batch, out.logits)
         self._capture_routed_experts(out.decisions.routed_experts, batch, out.tail_rows)
