@@ -271,6 +271,44 @@ class DSparkConfig:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """The vision tower (spec model 6.4): a ViT over patch_size x patch_size pixel patches (2D RoPE,
+    full attention), then an aligner that folds downsample_ratio x downsample_ratio patch windows into
+    one LLM position. Built when vision_n_layers > 0."""
+
+    n_layers: int
+    dim: int = 1024
+    n_heads: int = 16
+    inter_dim: int = 2816
+    patch_size: int = 14
+    rope_theta: float = 10000.0
+    downsample_ratio: int = 3
+    max_n_token: int = 1024
+    """most LLM positions one image may take (its span, markers included); larger images are shrunk."""
+    min_pixels: int = 544 * 544
+    """smaller images are scaled up to this many pixels first."""
+    max_wh_ratio: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """rotated pairs per head: half for the patch row, half for the column (head_dim / 2)."""
+        return self.head_dim // 2
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size ** 2
+
+    @property
+    def window_dim(self) -> int:
+        """aligner input: one downsample window of ViT features, channel-major."""
+        return self.dim * self.downsample_ratio ** 2
+
+
+@dataclass(frozen=True)
 class LayerRole:
     """What one backbone layer does in the cross-layer sharing scheme (spec attention 0.2, 5)."""
 
@@ -336,7 +374,9 @@ class ModelConfig:
     dspark: DSparkConfig | None = None
     """None: no drafter (dspark_block_size 0 or no stages); its `mtp.*` tensors are then not read."""
     image_token_id: int = 129264
-    vision_n_layers: int = 0
+    """every position of an image span carries this id; the span's rows take the vision embeddings."""
+    vision: VisionConfig | None = None
+    """None: text only (vision_n_layers 0); the checkpoint's vision tensors are then not read."""
     weight_block_size: int = 32
     """FP8 dense weights carry one UE8M0 scale per weight_block_size x weight_block_size block."""
     expert_format: str = "mxfp4"
@@ -478,7 +518,7 @@ class ModelConfig:
             num_draft_layers=n_stages,
             dspark=dspark,
             image_token_id=int(d.get("image_token_id", 129264)),
-            vision_n_layers=int(d.get("vision_n_layers", 0) or 0),
+            vision=_vision_config(d),
             weight_block_size=block,
             expert_format="fp8" if fmt in ("fp8", "f8_e4m3") else "mxfp4",
             eos_token_ids=eos_ids,
@@ -556,6 +596,14 @@ class ModelConfig:
         elif cs != -1:
             raise ConfigError("candidate_source_layer_id", f"must be -1 or a layer id, found {cs}")
 
+        v = self.vision
+        if v is not None:
+            need(v.n_heads > 0 and v.dim % v.n_heads == 0 and v.head_dim % 4 == 0, "vision_config.num_attention_heads",
+                 f"hidden_size {v.dim} must split into heads of a multiple of 4 channels (2D RoPE halves)")
+            need(min(v.inter_dim, v.patch_size, v.downsample_ratio, v.min_pixels) > 0, "vision_config",
+                 "intermediate_size, patch_size, downsample_ratio and min_pixels must be positive")
+            need(v.max_n_token >= 4, "vision_config.max_image_tokens", f"{v.max_n_token}: an image takes at least 4 positions")
+            need(0 <= self.image_token_id < self.vocab_size, "image_token_id", f"{self.image_token_id} is outside the vocabulary")
         e = self.engram
         if e is not None:
             for l in e.layer_ids:
@@ -584,12 +632,12 @@ class ModelConfig:
     # ---------------------------------------------------------------- derived values
     @cached_property
     def draft_config(self) -> "ModelConfig":
-        """The config a DSpark stage is built from: this one with the stages' expert counts."""
+        """The config a DSpark stage is built from: this one with the stages' expert counts, no vision."""
         ds = self.dspark
         if ds is None:
             raise ConfigError("dspark_block_size", "the checkpoint has no DSpark drafter")
         moe = replace(self.moe, n_routed_experts=ds.n_routed_experts, n_activated_experts=ds.n_activated_experts)
-        return replace(self, moe=moe)
+        return replace(self, moe=moe, vision=None)  # the stages route every token with the plain bias
 
     @property
     def draft_roles(self) -> tuple[LayerRole, ...]:
@@ -676,6 +724,27 @@ class ModelConfig:
         (compressed entry + index key) / ratio. 890 B for V4.1-Flash."""
         per = self.compressed_kv_bytes_per_entry + self.index_key_bytes_per_entry
         return sum(per / self.compression.compress_ratios[l] for l in self.compression.kv_source_layer_ids)
+
+
+def _vision_config(d: dict) -> VisionConfig | None:
+    """The flat vision_* keys (vision_config copied there by `_flatten`) -> VisionConfig, None without layers."""
+    n = int(d.get("vision_n_layers", 0) or 0)
+    if n <= 0:
+        return None
+    defaults = VisionConfig(n)
+    get = lambda key, cast, default: default if d.get(key) is None else cast(d[key])  # noqa: E731
+    return VisionConfig(
+        n_layers=n,
+        dim=get("vision_dim", int, defaults.dim),
+        n_heads=get("vision_n_heads", int, defaults.n_heads),
+        inter_dim=get("vision_inter_dim", int, defaults.inter_dim),
+        patch_size=get("vision_patch_size", int, defaults.patch_size),
+        rope_theta=get("vision_rope_theta", float, defaults.rope_theta),
+        downsample_ratio=get("vision_downsample_ratio", int, defaults.downsample_ratio),
+        max_n_token=get("vision_max_n_token", int, defaults.max_n_token),
+        min_pixels=get("vision_min_pixels", int, defaults.min_pixels),
+        max_wh_ratio=get("vision_max_wh_ratio", int, None),
+    )
 
 
 def _nearest_same_ratio(sources: tuple[int, ...], layer: int, ratios: tuple[int, ...]) -> int | None:

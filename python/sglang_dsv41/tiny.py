@@ -80,6 +80,14 @@ class Preset:
     draft_stages: int = 2
     """DSpark stages (`mtp.<k>.*`): gamma 5, targets the last three layers, half the experts."""
     markov_rank: int = 32
+    vision_layers: int = 0
+    """ViT blocks of the vision tower (0: text only); patch 14, downsample 3 as released."""
+    vision_dim: int = 64
+    vision_heads: int = 4
+    vision_inter: int = 96
+    vision_max_tokens: int = 64
+    """most LLM positions per image (the release: 1024)."""
+    vision_min_pixels: int = 84 * 84
 
 
 PRESETS = {
@@ -87,6 +95,8 @@ PRESETS = {
     "small": Preset(512, 8, 256, 256, 128, 4, 8, 128, 64, 32, 8, 16, 4, 256, 6, 4, 4, 4, 128, 8009),
     # `tiny` at hidden 128 (2 heads, q_lora 64, indexer 2 x 64, Engram dim 64); about 5.7 MB in the
     # released layout
+    # `tiny` with a 2-block vision tower (hidden 64, 4 heads), images up to 64 positions
+    "tiny-vision": Preset(256, 4, 128, 128, 64, 2, 4, 128, 32, 16, 4, 8, 2, 128, 4, 4, 2, 3, 64, 2003, vision_layers=2),
     "mini": Preset(128, 2, 128, 64, 64, 2, 2, 64, 16, 8, 4, 8, 2, 128, 4, 4, 2, 3, 64, 503),
     # `mini` with one token per digit: the starting point of the trained default `deepseek-v4.1-tiny`
     # (arithmetic is far easier to learn when '312' is '3','1','2' rather than '3','12')
@@ -183,7 +193,11 @@ def hf_config(p: Preset, vocab: int, compressed_vocab: int) -> dict:
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
         "text_config": text,
-        "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": 0},
+        "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": p.vision_layers,
+                          **({"hidden_size": p.vision_dim, "num_attention_heads": p.vision_heads,
+                              "intermediate_size": p.vision_inter, "patch_size": 14, "rope_theta": 10000.0,
+                              "downsample_ratio": 3, "max_image_tokens": p.vision_max_tokens,
+                              "min_pixels": p.vision_min_pixels} if p.vision_layers else {})},
         "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32], "scale_fmt": "ue8m0",
                                 "routed_experts_quant_method": "mxfp4"},
         "torch_dtype": "bfloat16",
@@ -217,7 +231,9 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu", fast: b
             continue  # produced together with its weight
         shape = spec.shape
         gain = RESIDUAL_GAIN if any(w in name for w in _RESIDUAL_WRITERS) else 1.0
-        if spec.dtype == "F8_E4M3" and ".engram.embed." not in name:
+        if name.startswith(("vision.", "aligner.", "image_")):
+            out[name] = _vision_tensor(name, shape, seed, device, _normal)
+        elif spec.dtype == "F8_E4M3" and ".engram.embed." not in name:
             w = _normal(name, shape, gain / shape[1] ** 0.5, seed, device)
             out[name], out[name[: -len(".weight")] + ".scale"] = quant_fp8_weight(w, cfg.weight_block_size)
         elif spec.dtype == "I8":  # routed experts: logical [N, 2 * packed]
@@ -238,8 +254,9 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu", fast: b
                 out[name] = _normal(name, shape, 0.5, seed, device)
             else:
                 out[name] = _normal(name, shape, 0.2, seed, device, mean=1.0)
-        elif name.endswith("gate.bias"):
+        elif name.endswith(("gate.bias", "gate.bias_vl")):
             out[name] = _normal(name, shape, 0.05, seed, device)
+
         elif name == "embed.weight":
             out[name] = _normal(name, shape, 1.0, seed, device).to(torch.bfloat16)
         elif name == "head.weight":
@@ -247,6 +264,18 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, device: str = "cpu", fast: b
         else:  # remaining bf16 matrices: router, compressor, indexer wk / weights_proj
             out[name] = _normal(name, shape, 1.0 / shape[1] ** 0.5, seed, device).to(torch.bfloat16)
     return out
+
+
+def _vision_tensor(name: str, shape: tuple[int, ...], seed: int, device: str, normal) -> torch.Tensor:
+    """Vision tower tensors: fp32 norm weights near 1, bf16 matrices N(0, 1/fan_in), bf16 biases and span
+    markers (the markers like token embeddings, N(0, 1))."""
+    if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
+        return normal(name, shape, 0.1, seed, device, mean=1.0)
+    if name.endswith(".bias"):
+        return normal(name, shape, 0.02, seed, device).to(torch.bfloat16)
+    if len(shape) == 1:  # image_start / image_end / image_newline
+        return normal(name, shape, 1.0, seed, device).to(torch.bfloat16)
+    return normal(name, shape, 1.0 / shape[1] ** 0.5, seed, device).to(torch.bfloat16)
 
 
 def quant_fp8_weight_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

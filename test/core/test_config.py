@@ -100,7 +100,10 @@ def test_released_values(flash):
     assert flash.rms_norm_eps == 1e-20 and flash.moe.swiglu_limit == 10.0
     assert flash.moe.route_scale == 1.5 and flash.moe.n_activated_experts == 6
     assert flash.num_layers == 40 and len(flash.compression.compress_ratios) == 40
-    assert flash.num_draft_layers == 3 and flash.vision_n_layers == 32
+    assert flash.num_draft_layers == 3 and flash.vision.n_layers == 32
+    v = flash.vision  # vision_config keys not in the file keep the released defaults (spec model 6.4)
+    assert (v.dim, v.n_heads, v.inter_dim, v.patch_size, v.downsample_ratio) == (1024, 16, 2816, 14, 3)
+    assert (v.head_dim, v.rope_dim, v.window_dim, v.max_n_token, v.min_pixels) == (64, 32, 9216, 1024, 544 * 544)
     assert flash.nope_head_dim == 448 and flash.attention.softmax_scale == 512**-0.5
     assert abs(flash.compression.index_weight_scale - 1 / 64) < 1e-17  # exactly 1/64 once in fp32
     assert flash.engram.n_hash_cols == 24

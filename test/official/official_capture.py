@@ -25,6 +25,12 @@ size, default dtype, the shared attention state), so every official model lives 
         -> torch.save({"ids": int64 [n, gamma + 1] (anchor, drafts),
           "logits": fp32 [n, gamma, vocab] (step logits), "confidence": fp32 [n, gamma],
           "target": fp32 [n, vocab] (the decode step's logits)})
+    python official_capture.py vision CKPT SPEC_JSON OUT_PT --threads N
+        one official prefill of a prompt with images (fp32 GEMMs in 64-row tiles, as `spec`). SPEC_JSON: {"ids": [...] (one image_token_id
+        placeholder per image), "images": [image file paths]}; each placeholder is expanded as
+        DeepSeek's prepare_vl_inputs does (its load_image, image_token_types) -> torch.save({
+          "ids": int64 [T], "types": int64 [T], "patches": [bf16 [N_i, 3, p, p]], "grids": [[vit_h,
+          vit_w, llm_h, llm_w]], "logits": fp32 [T, vocab], "routed_experts": {layer: int32 [T, k]}})
     python official_capture.py write-small DIR --max-seq-len N
         testing.build_small_model(small_model_args(max_seq_len=N), seed=7) written by
         check_run_official.write_checkpoint, with to_hf(args) as config.json and
@@ -118,6 +124,14 @@ class OfficialLogits(_Background):
     def __init__(self, ckpt: Path, prompts: list[list[int]], workdir: Path, threads: int, mkl_partials: bool = False):
         super().__init__("logits", ckpt, [[int(t) for t in row] for row in prompts], workdir, "logits", threads,
                          ["--mkl-partials"] if mkl_partials else [])
+
+
+class OfficialVision(_Background):
+    """The official prefill of `ids` with images (`vision`); `result()`: module docstring."""
+
+    def __init__(self, ckpt: Path, ids: list[int], images: list[str], workdir: Path, threads: int):
+        super().__init__("vision", ckpt, {"ids": [int(t) for t in ids], "images": [str(i) for i in images]},
+                         workdir, "vision", threads)
 
 
 class OfficialSpec(_Background):
@@ -299,6 +313,50 @@ def _spec(ckpt: str, ids_file: str, out: str, prefill: int) -> None:
     torch.save({k: torch.stack(v) for k, v in got.items()}, out)
 
 
+def _vision(ckpt: str, spec_file: str, out: str) -> None:
+    import torch
+
+    ro = _import_official()
+    _pin_unspecified()
+    _row_tiled_fp32_gemms()  # the head over T rows: at T = 198 MKL's order differs from 64-row tiles
+    from models.demos.deepseek_v3_d_p.reference.deepseek_v41 import image_processor as ip
+
+    spec = json.loads(Path(spec_file).read_text())
+    raw = json.loads((Path(ckpt) / "config.json").read_text())
+    args, *_ = ro.model_args_from_hf(raw, max_seq_len=8192)
+    ids, types, images, grids = [], [], [], []
+    paths = iter(spec["images"])
+    for tok in spec["ids"]:
+        if tok != args.image_token_id:
+            ids.append(tok)
+            types.append(ip.TEXT)
+            continue
+        patches, vit_h, vit_w, llm_h, llm_w = ip.load_image({"url": next(paths)}, args)
+        span = ip.image_token_types(llm_h, llm_w)
+        images.append(ip.ImageInput(len(ids), patches, vit_h, vit_w, span))
+        grids.append([vit_h, vit_w, llm_h, llm_w])
+        ids += [args.image_token_id] * span.numel()
+        types += span.tolist()
+    # run_official builds text-only models (vision_n_layers -> 0); the override builds the tower
+    layers = int(ro.flatten_hf(raw).get("vision_n_layers") or 0)
+    model, _, _ = ro.build(Path(ckpt), max_seq_len=len(ids), quiet=True, skip_mtp=True,
+                           overrides={"vision_n_layers": layers})
+    v41 = ro.v41
+    routed: dict[int, torch.Tensor] = {}
+    hooks = [layer.ffn.gate.register_forward_hook(
+        lambda _m, _i, o, lid=i: routed.__setitem__(lid, o[1].to(torch.int32).clone())) for i, layer in enumerate(model.layers)]
+    caught = {}
+    hooks.append(model.head.register_forward_pre_hook(lambda _mod, a: caught.__setitem__("x", a[0])))
+    ids_t, types_t = torch.tensor([ids]), torch.tensor([types])
+    with torch.inference_mode(), v41.set_dtype(torch.bfloat16):
+        model(ids_t, 0, images=[images], token_types=types_t)
+        logits = model.head(caught["x"], full_logits=True)[0]
+    for h in hooks:
+        h.remove()
+    torch.save({"ids": ids_t[0], "types": types_t[0], "patches": [im.patches for im in images], "grids": grids,
+                "logits": logits.float().contiguous(), "routed_experts": routed}, out)
+
+
 def _write_small(out_dir: str, max_seq_len: int) -> None:
     ro = _import_official()
     import check_run_official as cro
@@ -331,13 +389,17 @@ def main(argv: list[str]) -> None:
     sp.add_argument("ids_file")
     sp.add_argument("out")
     sp.add_argument("--prefill", type=int, required=True)
+    vi = sub.add_parser("vision")
+    vi.add_argument("ckpt")
+    vi.add_argument("ids_file")
+    vi.add_argument("out")
     w = sub.add_parser("write-small")
     w.add_argument("out_dir")
     w.add_argument("--max-seq-len", type=int, required=True)
     for p in (f, lg):
         p.add_argument("--mkl-partials", action="store_true",
                        help="leave the FP8/FP4 block partials to MKL (not pinned; module docstring)")
-    for p in (f, lg, sp, w):
+    for p in (f, lg, sp, vi, w):
         p.add_argument("--threads", type=int, required=True)
     a = ap.parse_args(argv)
     import torch
@@ -349,6 +411,8 @@ def main(argv: list[str]) -> None:
         _logits(a.ckpt, a.ids_file, a.out, a.mkl_partials)
     elif a.cmd == "spec":
         _spec(a.ckpt, a.ids_file, a.out, a.prefill)
+    elif a.cmd == "vision":
+        _vision(a.ckpt, a.ids_file, a.out)
     else:
         _write_small(a.out_dir, a.max_seq_len)
 

@@ -14,6 +14,9 @@ so `model.state_dict()` keys equal checkpoint keys. Dtypes are safetensors dtype
 | mHC params, router bias, attention sink | F32                        |                                     |
 | embedding, head, norms, compressor,     | BF16                       |                                     |
 |   indexer wk/weights_proj, router, Engram q/k |                      |                                     |
+| vision (with a vision tower): ViT / aligner linears (weight and bias), the span markers `image_*` |
+|                                         | BF16                       |                                     |
+| vision RMSNorm weights, VL router bias `gate.bias_vl` | F32          |                                     |
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 
 from sglang_dsv41.config import ModelConfig
 
-# Tensors of the released checkpoint that this text-only model does not use (vision tower, vision
-# routing bias; DSpark stages when the config has no drafter). Skipped on load, never an "unexpected
-# tensor" error. A name the schema lists is never ignored.
+# Tensors of the released checkpoint a config may not use (the vision tower and VL routing bias of a
+# text-only config; DSpark stages when the config has no drafter). Skipped on load, never an
+# "unexpected tensor" error. A name the schema lists is never ignored.
 IGNORED_PREFIXES = ("mtp.", "vision.", "aligner.", "image_start", "image_end", "image_newline")
 IGNORED_SUFFIXES = (".gate.bias_vl",)
 
@@ -65,7 +68,7 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
     D = a.head_dim
     add("embed.weight", (cfg.vocab_size, H), "BF16")
 
-    def block(p: str, role, m) -> None:  # one decoder block's tensors under prefix p
+    def block(p: str, role, m, vl: bool = False) -> None:  # one decoder block's tensors under prefix p
         add(f"{p}.attn_norm.weight", (H,), "BF16")
         add(f"{p}.ffn_norm.weight", (H,), "BF16")
         for site in ("attn", "ffn"):
@@ -95,6 +98,8 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
         # MoE
         add(f"{p}.ffn.gate.weight", (m.n_routed_experts, H), "BF16")
         add(f"{p}.ffn.gate.bias", (m.n_routed_experts,), "F32")
+        if vl:
+            add(f"{p}.ffn.gate.bias_vl", (m.n_routed_experts,), "F32")
         for j in range(m.n_routed_experts):
             fp4(f"{p}.ffn.experts.{j}.w1", m.moe_inter_dim, H)
             fp4(f"{p}.ffn.experts.{j}.w2", H, m.moe_inter_dim)
@@ -114,7 +119,7 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
             add(f"{p}.engram.k_weight", (hc.hc_mult, H), "BF16")
 
     for role in cfg.layer_roles:
-        block(f"layers.{role.layer_id}", role, m)
+        block(f"layers.{role.layer_id}", role, m, vl=cfg.vision is not None)
     add("norm.weight", (H,), "BF16")
     add("head.weight", (cfg.vocab_size, H), "BF16")
     ds = cfg.dspark
@@ -131,4 +136,31 @@ def checkpoint_schema(cfg: ModelConfig) -> dict[str, TensorSpec]:
                 add(f"{p}.markov_head.embed.weight", (cfg.vocab_size, ds.markov_rank), "BF16")
                 add(f"{p}.markov_head.head.weight", (cfg.vocab_size, ds.markov_rank), "BF16")
                 add(f"{p}.confidence_head.proj.weight", (1, H + ds.markov_rank), "BF16")
+    if cfg.vision is not None:
+        vision(cfg, add)
     return out
+
+
+def vision(cfg: ModelConfig, add) -> None:
+    """The ViT (`vision.*`), the aligner and the three span markers."""
+    v, H = cfg.vision, cfg.hidden_size
+
+    def linear(name: str, n: int, k: int, bias: bool = True) -> None:
+        add(f"{name}.weight", (n, k), "BF16")
+        if bias:
+            add(f"{name}.bias", (n,), "BF16")
+
+    linear("vision.patch_embed.proj", v.dim, v.patch_dim)
+    for i in range(v.n_layers):
+        p = f"vision.blocks.{i}"
+        add(f"{p}.norm1.weight", (v.dim,), "F32")
+        linear(f"{p}.attn.wqkv", 3 * v.dim, v.dim)
+        linear(f"{p}.attn.wo", v.dim, v.dim)
+        add(f"{p}.norm2.weight", (v.dim,), "F32")
+        linear(f"{p}.mlp.w1", 2 * v.inter_dim, v.dim, bias=False)
+        linear(f"{p}.mlp.w2", v.dim, v.inter_dim, bias=False)
+    add("vision.norm.weight", (v.dim,), "F32")
+    linear("aligner.w1", H, v.window_dim)
+    linear("aligner.w2", H, H)
+    for marker in ("image_start", "image_end", "image_newline"):
+        add(marker, (H,), "BF16")

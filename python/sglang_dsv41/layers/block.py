@@ -69,15 +69,17 @@ class Block(nn.Module):
         return self.attn_norm(self.mhc_collapse(streams, pre))
 
     def forward(
-        self, streams: torch.Tensor, pre: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None
+        self, streams: torch.Tensor, pre: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None,
+        image_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(streams [N, n, H] bf16, pre [N, n] fp32) -> the same after attention and MoE.
-        Records routed experts (and the attention's decisions) in `dec`; `replay` forces them."""
+        Records routed experts (and the attention's decisions) in `dec`; `replay` forces them.
+        `image_rows` bool [N]: rows inside image spans (their own router bias)."""
         lid = self.role.layer_id
         attn_pre, attn_post, attn_comb = self.hc_mix("attn", streams)
         y = self.attn(self.attn_input(streams, pre), kv, dec, replay)
         streams = self.mhc_expand(y, streams, attn_post, attn_comb)
         ffn_pre, ffn_post, ffn_comb = self.hc_mix("ffn", streams)
         forced = replay.forced("routed_experts", lid) if replay is not None else None
-        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(self.mhc_collapse(streams, attn_pre)), forced)
+        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(self.mhc_collapse(streams, attn_pre)), forced, image_rows)
         return self.mhc_expand(y, streams, ffn_post, ffn_comb), ffn_pre

@@ -42,15 +42,23 @@ class Gate(nn.Module):
         self.topk, self.route_scale, self.norm_topk_prob = m.n_activated_experts, m.route_scale, m.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(m.n_routed_experts, cfg.hidden_size, dtype=torch.bfloat16), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(m.n_routed_experts, dtype=torch.float32), requires_grad=False)
+        # with a vision tower, image-span rows select with their own bias (spec model 6.4)
+        self.bias_vl = (nn.Parameter(torch.zeros(m.n_routed_experts, dtype=torch.float32), requires_grad=False)
+                        if cfg.vision is not None else None)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] bf16 -> fp32 [T, E] sqrtsoftplus scores (softplus is z for z > 20)."""
         return F.softplus(self.fp32_gemm(x, self.weight)).sqrt()
 
-    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights fp32 [T, k], expert ids int64 [T, k]). `forced` [T, k] replays given ids."""
+    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
+                image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (weights fp32 [T, k], expert ids int64 [T, k]). `forced` [T, k] replays given ids;
+        `image_rows` bool [T]: rows inside image spans, which select with `bias_vl`."""
         s = self.scores(x)
-        ids = forced.to(x.device).long() if forced is not None else (s + self.bias).topk(self.topk, dim=-1).indices
+        bias = self.bias
+        if image_rows is not None and self.bias_vl is not None:
+            bias = torch.where(image_rows.unsqueeze(-1), self.bias_vl, bias)
+        ids = forced.to(x.device).long() if forced is not None else (s + bias).topk(self.topk, dim=-1).indices
         w = s.gather(1, ids)
         if self.norm_topk_prob and self.topk > 1:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
@@ -173,9 +181,10 @@ class MoE(nn.Module):
         if policy.table is not None:
             self.expert_weights()
 
-    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] bf16 -> (y bf16 [T, H], routed expert ids int32 [T, k])."""
-        weights, ids = self.gate(x, forced)
+    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
+                image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] bf16 -> (y bf16 [T, H], routed expert ids int32 [T, k]); image_rows: see Gate."""
+        weights, ids = self.gate(x, forced, image_rows)
         w1, s1, w3, s3, w2, s2 = self.expert_weights()
         routed = self.routed(x, ids, weights, w1, s1, w3, s3, w2, s2, self.shared_experts.limit)
         return self.combine(routed, self.shared_experts(x)), ids.to(torch.int32)

@@ -22,6 +22,7 @@ from torch import nn
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
+from sglang_dsv41.image_input import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, ImageSpan
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.dspark import DraftStage, stream_mean
@@ -29,7 +30,12 @@ from sglang_dsv41.layers.kv import KV
 from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, fp32_linear
 from sglang_dsv41.layers.mhc import collapse, identity_pre
 from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.layers.vision import Aligner, ViT
 from sglang_dsv41.numerics import Slot
+
+
+MARKERS = {IMAGE_START: "image_start", IMAGE_NEW_LINE: "image_newline", IMAGE_END: "image_end"}
+"""span position type -> the model parameter (checkpoint tensor) holding its learned embedding."""
 
 
 class Embedding(nn.Module):
@@ -83,6 +89,12 @@ class DeepseekV41(nn.Module):
         self.head = Head(cfg.vocab_size, cfg.hidden_size)
         # DSpark stages (`mtp.<k>`, layers/dspark.py); they share the embedding and the head
         self.mtp = nn.ModuleList(DraftStage(cfg, role) for role in cfg.draft_roles)
+        if cfg.vision is not None:  # the vision tower and the image span markers (layers/vision.py)
+            self.vision = ViT(cfg.vision)
+            self.aligner = Aligner(cfg.vision, cfg.hidden_size)
+            for marker in MARKERS.values():
+                self.register_parameter(marker, nn.Parameter(torch.zeros(cfg.hidden_size, dtype=torch.bfloat16),
+                                                             requires_grad=False))
         # Engram compressed-token map (token id -> class), from the tokenizer; not a checkpoint tensor.
         self.register_buffer("engram_token_map", torch.zeros(0, dtype=torch.int64), persistent=False)
         self.hasher: EngramHasher | None = None
@@ -96,18 +108,47 @@ class DeepseekV41(nn.Module):
                 f"is {e.compressed_vocab_size}"
             )
         self.engram_token_map = token_map.to(torch.int64).to(self.embed.weight.device)
-        self.hasher = EngramHasher(e, self.engram_token_map) if e is not None else None
+        # with a vision tower, image-span positions take no part in an n-gram (spec model 6.4)
+        dead = (self.cfg.image_token_id,) if self.cfg.vision is not None else ()
+        self.hasher = EngramHasher(e, self.engram_token_map, dead_token_ids=dead) if e is not None else None
+
+    def image_embeddings(self, span: ImageSpan) -> torch.Tensor:
+        """One image's span rows: bf16 [span.length, H] (markers' learned vectors, the aligner's rows at
+        the IMAGE positions in reading order)."""
+        p = span.plan
+        patches = span.patches.to(self.embed.weight.device)
+        feats = self.aligner(self.vision(patches, p.vit_h, p.vit_w), p.vit_h, p.vit_w)
+        types = span.types.to(feats.device)
+        out = feats.new_empty(span.length, feats.size(-1))
+        out[types == IMAGE] = feats
+        for kind, marker in MARKERS.items():
+            out[types == kind] = getattr(self, marker)
+        return out
+
+    def image_rows(self, spans: list[ImageSpan], offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `image_rows` argument of `forward` for image spans whose `start` is a row of this
+        forward's input minus `offset`: (rows int64 [M], bf16 [M, H])."""
+        dev = self.embed.weight.device
+        rows = [torch.arange(s.start - offset, s.start - offset + s.length, device=dev) for s in spans]
+        return torch.cat(rows), torch.cat([self.image_embeddings(s) for s in spans])
 
     def forward(self, input_ids: torch.Tensor, kv: KV, replay: Decisions | None = None,
-                capture_draft: bool = False) -> ForwardOutput:
+                capture_draft: bool = False, image_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> ForwardOutput:
         """input_ids int64 [N] (the KV's rows, in its order) -> fp32 logits of `kv.logits_rows()`
         plus the decisions taken (or forced from `replay`); `capture_draft` also returns the DSpark
-        drafter's input of every remaining row (`ForwardOutput.draft_hidden`)."""
+        drafter's input of every remaining row (`ForwardOutput.draft_hidden`). `image_rows` = (rows
+        int64 [M], embeddings bf16 [M, H]) replaces those rows' token embeddings (image spans, from
+        `image_embeddings`); with a vision tower, rows holding `image_token_id` route with the VL bias
+        and take no Engram contribution."""
         cfg, dec = self.cfg, Decisions()
         if cfg.engram is not None and self.hasher is None:
             raise RuntimeError("Engram model without a token map: call set_token_map (load_model does)")
         hash_ids = kv.engram_ids(self.hasher, input_ids) if self.hasher is not None else None
-        streams = self.embed(input_ids).unsqueeze(1).repeat(1, cfg.hc.hc_mult, 1)  # [N, n, H]
+        h = self.embed(input_ids)
+        if image_rows is not None:
+            h = h.index_copy(0, image_rows[0].to(h.device), image_rows[1].to(h.dtype))
+        in_image = (input_ids == cfg.image_token_id) if cfg.vision is not None else None
+        streams = h.unsqueeze(1).repeat(1, cfg.hc.hc_mult, 1)  # [N, n, H]
         pre = identity_pre(input_ids.numel(), cfg.hc.hc_mult, input_ids.device)
         kept = None
         targets = set(cfg.dspark.target_layer_ids) if capture_draft and cfg.dspark is not None else set()
@@ -115,7 +156,8 @@ class DeepseekV41(nn.Module):
         for layer in self.layers:
             lid = layer.role.layer_id
             if layer.engram is not None:
-                streams = layer.engram(streams, hash_ids[:, cfg.engram.layer_ids.index(lid)])
+                text = None if in_image is None else ~in_image
+                streams = layer.engram(streams, hash_ids[:, cfg.engram.layer_ids.index(lid)], text)
             if lid == cfg.late_layer_start:
                 keep = kv.tail_rows()
                 if keep is not None:  # decoder tail: pool every row, then go on with the kept ones
@@ -124,10 +166,11 @@ class DeepseekV41(nn.Module):
                     kept = keep
                     streams, pre = streams[keep], pre[keep]
                     hash_ids = hash_ids[keep] if hash_ids is not None else None
+                    in_image = in_image[keep] if in_image is not None else None
                     captured = [c[keep] for c in captured]
             if lid in targets:  # the drafter reads the input of its target layers (after Engram)
                 captured.append(stream_mean(streams))
-            streams, pre = layer(streams, pre, kv, dec, replay)
+            streams, pre = layer(streams, pre, kv, dec, replay, in_image)
         rows = kv.logits_rows()
         logits = self.head(self.norm(self.mhc_collapse(streams[rows], pre[rows])))
         hidden = torch.cat(captured, dim=-1) if captured else None

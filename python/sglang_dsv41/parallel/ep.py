@@ -74,10 +74,11 @@ class ParallelMoE(MoE):
             return se(x)[..., self.cols[0]:self.cols[1]]
         return se.w2(swiglu(se.w1(x), se.w3(x), se.limit).to(x.dtype))
 
-    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
+                image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] bf16 (the same on every rank) -> (y bf16 [T, H] the same on every rank,
-        routed expert ids int32 [T, k] (global ids, identical on every rank))."""
-        weights, ids = self.gate(x, forced)
+        routed expert ids int32 [T, k] (global ids, identical on every rank)); image_rows: see Gate."""
+        weights, ids = self.gate(x, forced, image_rows)
         y = self.combine(self._slots(x, ids, weights), self._shared(x))
         return self.comm.gather_last(y), ids.to(torch.int32)
 

@@ -32,7 +32,7 @@ class ReferenceModel:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, *, decoder_tail_replay: bool = False, chunk: int | None = None,
-                prefix_hit: int = 0, replay: Decisions | None = None) -> ForwardOutput:
+                prefix_hit: int = 0, replay: Decisions | None = None, images: list | None = None) -> ForwardOutput:
         """token_ids int [T] (one sequence from position 0) -> fp32 logits for every position.
 
         SWA bounded replay (spec attention 7; the semantics are written out in dense_kv.py):
@@ -40,15 +40,18 @@ class ReferenceModel:
         `window` rows, chunks of `chunk` tokens, default one shot); `prefix_hit=P` first runs the
         prefix token_ids[:P] as an earlier request would have, then the rest as an encoder-replay hit
         (the last min(P, window) cached tokens recomputed for their window KV), returning positions
-        >= P. `replay` forces decisions (of the hit forward when `prefix_hit`)."""
+        >= P. `replay` forces decisions (of the hit forward when `prefix_hit`). `images`: the prompt's
+        `image_input.ImageSpan`s (their spans hold image_token_id in token_ids), one prefill only."""
         ids = token_ids.to(self.model.embed.weight.device).long()
+        if images and (prefix_hit or chunk):
+            raise ValueError("images take a single one-chunk prefill (no prefix hit, no chunks)")
         if prefix_hit:
             cached = DenseKV(self.cfg, prefix_hit, ids.device)
             self.model(ids[:prefix_hit], cached)
             kv = DenseKV.resume(cached, ids, prefix_hit, tail_replay=decoder_tail_replay)
             return self.model(ids[kv.start:], kv, replay)
         kv = DenseKV(self.cfg, ids.numel(), ids.device, tail_replay=decoder_tail_replay, chunk=chunk)
-        return self.model(ids, kv, replay)
+        return self.model(ids, kv, replay, image_rows=self.model.image_rows(images) if images else None)
 
 
 class ReferenceDrafter:

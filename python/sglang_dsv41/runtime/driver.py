@@ -140,10 +140,11 @@ class Driver:
             replay_lens=rep,
         )
 
-    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None):
+    def step(self, seqs: list[Sequence], counts: list[int], all_logits: bool = False, replay=None, image_rows=None):
         """Run `counts[i]` new tokens of each sequence (a prefill chunk or a decode step);
-        `replay` (Decisions) forces routing / top-k / candidate decisions for these rows."""
-        out = self.runtime.forward(self.build_batch(seqs, counts, all_logits), replay)
+        `replay` (Decisions) forces routing / top-k / candidate decisions for these rows; `image_rows`:
+        image spans inside these rows (`DeepseekV41.image_rows`, rows counted across the batch)."""
+        out = self.runtime.forward(self.build_batch(seqs, counts, all_logits), replay, image_rows)
         for s, c in zip(seqs, counts):
             s.cached += c
             s.window_ready = True

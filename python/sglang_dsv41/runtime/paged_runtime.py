@@ -30,13 +30,15 @@ class Runtime:
         self.decoder_replay = decoder_replay
 
     @torch.inference_mode()
-    def forward(self, batch: Batch, replay: Decisions | None = None) -> ForwardOutput:
-        return self.run(batch, replay)[0]
+    def forward(self, batch: Batch, replay: Decisions | None = None, image_rows=None) -> ForwardOutput:
+        return self.run(batch, replay, image_rows=image_rows)[0]
 
     @torch.inference_mode()
-    def run(self, batch: Batch, replay: Decisions | None = None, capture_draft: bool = False) -> tuple[ForwardOutput, PagedKV]:
+    def run(self, batch: Batch, replay: Decisions | None = None, capture_draft: bool = False,
+            image_rows=None) -> tuple[ForwardOutput, PagedKV]:
         """`forward`, also returning the PagedKV (its `pair_state` after a verify) and, with
-        `capture_draft`, the DSpark drafter's input of the remaining rows (`ForwardOutput.draft_hidden`)."""
+        `capture_draft`, the DSpark drafter's input of the remaining rows (`ForwardOutput.draft_hidden`).
+        `image_rows` (rows of this batch, bf16 embeddings): image spans (`DeepseekV41.image_rows`)."""
         extends = batch.num_rows > batch.req_slots.numel() and not batch.verify  # a prefill-like forward
         kv = PagedKV(self.cfg, self.pools, batch, self.ops, decoder_replay=self.decoder_replay and extends)
-        return self.model(batch.input_ids, kv, replay, capture_draft=capture_draft), kv
+        return self.model(batch.input_ids, kv, replay, capture_draft=capture_draft, image_rows=image_rows), kv
