@@ -18,6 +18,7 @@ if [[ $parts == *tests* ]]; then
   # every test that needs CUDA (the CPU suite is `python -m pytest test -q`)
   timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider test/kernels/test_triton_gpu.py \
     test/kernels/test_gemm_gpu.py test/kernels/test_moe_gpu.py test/kernels/test_registry.py test/runtime/test_runtime_gpu.py \
+    test/runtime/test_decode_graphs_gpu.py test/train/test_serving_values_gpu.py \
     test/reference/test_reference_model.py::test_runs_on_cuda_and_matches_cpu_with_decisions_replayed \
     test/core/test_engram_hash.py::test_cuda_matches_cpu test/core/test_quant.py::test_cuda_matches_cpu \
     2>&1 | tee "$dir/gpu_tests.log" | tail -30

@@ -104,6 +104,10 @@ PRESETS = {
     "bench": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521,
                     draft_stages=3, markov_rank=256),
     # the released layer roles and attention widths; 16 experts (top-6) so it fits one H200
+    # `bench` with the released vision tower (32 ViT blocks, hidden 1024, 16 heads, up to 1024 positions)
+    "bench-vision": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 6, 6, 8, 4, 256, 65521,
+                           draft_stages=3, markov_rank=256, vision_layers=32, vision_dim=1024, vision_heads=16,
+                           vision_inter=2816, vision_max_tokens=1024, vision_min_pixels=544 * 544),
     "release": Preset(5120, 64, 512, 1280, 1024, 8, 32, 128, 512, 2048, 8, 16, 6, 2304, 18, 20, 8, 4, 256, 65521,
                       release_layout=True, draft_stages=3, markov_rank=256),
 }
