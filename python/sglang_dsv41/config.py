@@ -629,6 +629,10 @@ class ModelConfig:
             need(0 < ds.n_activated_experts <= ds.n_routed_experts, "dspark_num_experts_per_tok",
                  f"{ds.n_activated_experts} must be in 1..dspark_n_routed_experts={ds.n_routed_experts}")
 
+    def text_only(self) -> "ModelConfig":
+        """This config without its vision tower (the checkpoint's vision tensors are then not read)."""
+        return replace(self, vision=None)
+
     # ---------------------------------------------------------------- derived values
     @cached_property
     def draft_config(self) -> "ModelConfig":

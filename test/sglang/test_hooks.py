@@ -38,6 +38,10 @@ def test_architecture_kept_on_our_class():
     assert rewritten["architectures"] == ["DeepseekV4ForCausalLM"]  # SGLang's own rewrite, which we undo
     kept = registration.keep_v41_architecture(rewritten, raw)
     assert kept["architectures"] == [ARCHITECTURE] and kept["hidden_size"] == 8
+    # a checkpoint with a vision tower is served as the text model (no SGLang image processor for our class)
+    vl = {**raw, "vision_config": {"num_hidden_layers": 32, "hidden_size": 1024}}
+    kept = registration.keep_v41_architecture(normalize_deepseek_v41_config(vl), vl)
+    assert kept["architectures"] == [ARCHITECTURE] and kept["vision_n_layers"] == 0 and kept["vision_dim"] == 1024
     other = {"architectures": ["DeepseekV4ForCausalLM"]}
     assert registration.keep_v41_architecture(dict(other), other)["architectures"] == ["DeepseekV4ForCausalLM"]
 

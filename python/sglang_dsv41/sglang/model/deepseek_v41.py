@@ -67,11 +67,14 @@ def dspark_enabled() -> bool:
 
 def _model_config(config) -> ModelConfig:
     """Our record from the checkpoint's own config.json when the path is known (SGLang's config
-    object is its flattened V3-derived class), else from the config object."""
+    object is its flattened V3-derived class), else from the config object. The served model is the
+    text model (registration.keep_v41_architecture): no vision tower, whose tensors are then skipped."""
     path = getattr(config, "_name_or_path", None)
     if path and os.path.isfile(os.path.join(str(path), "config.json")):
-        return ModelConfig.from_pretrained(path)
-    return ModelConfig.from_hf(config)
+        cfg = ModelConfig.from_pretrained(path)
+    else:
+        cfg = ModelConfig.from_hf(config)
+    return cfg.text_only() if not getattr(config, "vision_n_layers", 0) else cfg
 
 
 class DeepseekV41ForCausalLM(nn.Module):

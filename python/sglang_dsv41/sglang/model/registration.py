@@ -32,9 +32,13 @@ def register_model_class() -> None:
 
 
 def keep_v41_architecture(result: dict, values, *args, **kwargs):
-    """AFTER hook on normalize_deepseek_v41_config(values) -> dict."""
+    """AFTER hook on normalize_deepseek_v41_config(values) -> dict. For our checkpoint: the architecture
+    stays ours, and the config SGLang builds its server from is the text model's (vision_n_layers 0), so
+    SGLang does not take it for a multimodal model. The adapter serves text only; image requests get a
+    400 (requests/validation.py), the vision tower is not loaded (docs/vision.md "Not built")."""
     src = values.get("architectures") if hasattr(values, "get") else None
-    if src == [ARCHITECTURE] and result.get("architectures") != [ARCHITECTURE]:
+    if src == [ARCHITECTURE] and (result.get("architectures") != [ARCHITECTURE] or result.get("vision_n_layers")):
         result = dict(result)
         result["architectures"] = [ARCHITECTURE]
+        result["vision_n_layers"] = 0
     return result
