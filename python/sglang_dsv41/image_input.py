@@ -116,6 +116,8 @@ def decode_image(data: bytes, max_pixels: int | None = None):
     the pixels are decoded)."""
     from PIL import Image, UnidentifiedImageError
 
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ImageError(f"image data must be bytes, got {type(data).__name__}")
     try:
         with Image.open(io.BytesIO(data)) as img:
             w, h = img.size

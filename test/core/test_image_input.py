@@ -76,6 +76,10 @@ def test_bad_images_raise_image_error():
         decode_image(_png(20, 20)[:40])  # a truncated PNG
     with pytest.raises(ImageError, match=r"200x100 pixels exceeds the limit of 10000"):
         decode_image(_png(200, 100), max_pixels=10_000)
+    with pytest.raises(ImageError, match="cannot decode"):
+        decode_image(b"")
+    with pytest.raises(ImageError, match="must be bytes, got str"):
+        decode_image("data:image/png;base64,AAAA")
     with pytest.raises(ImageError, match="both sides must be at least 1"):
         plan_image(0, 30, V)
 

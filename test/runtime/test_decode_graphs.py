@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_dsv41.runtime.batch import Batch
 from sglang_dsv41.runtime.decode_graphs import DecodeGraphSet, GraphBuckets
 from sglang_dsv41.runtime.driver import Driver, Sequence
 from sglang_dsv41.runtime.graph import DecodeGraph
+from static_decode import run_restoring as _run
+from static_decode import static_batch as _batch
 
 BUCKETS = GraphBuckets(batch_sizes=(1, 2, 4), capacities=(128, 256))
 LENGTHS = (40, 97, 130, 61, 200)
@@ -35,34 +36,6 @@ def setup(tiny_model):
     return drv, seqs
 
 
-def _batch(drv: Driver, seqs: list[Sequence], capacity: int) -> Batch:
-    """One decode row per sequence at its cached length, as the SGLang adapter builds it (decode_batch.py)."""
-    hw = drv.history_width
-    table = drv._table(seqs, capacity)[:, :capacity]
-    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    pos = t([s.cached for s in seqs])
-    rows = torch.arange(len(seqs))
-    return Batch(input_ids=t([s.tokens[s.cached] for s in seqs]), positions=pos, req_index=rows,
-                 req_slots=t([s.req_slot for s in seqs]), prefix_lens=pos, extend_lens=torch.ones_like(pos),
-                 token_table=table, history=t([s.tokens[s.cached - hw: s.cached] for s in seqs]), logits_rows=rows,
-                 seq_capacity=capacity, static=True)
-
-
-def _pools(drv):
-    p = drv.pools
-    return [*p.window, *p.compressed.values(), *p.index_keys.values(), *p.pending.values()]
-
-
-def _run(drv, fn):
-    """fn() from the current pool state -> (its output, the pools after it); the state is restored."""
-    saved = [x.clone() for x in _pools(drv)]
-    out = fn()
-    after = [x.clone() for x in _pools(drv)]
-    for now, was in zip(_pools(drv), saved):
-        now.copy_(was)
-    return out, after
-
-
 @pytest.mark.parametrize("pick,capacity,bucket", [
     ((0,), 128, (1, 128)),            # one request, exact batch bucket
     ((0, 1, 3), 128, (4, 128)),       # 3 requests in the 4-row graph: one padding row
@@ -76,12 +49,12 @@ def test_graph_set_equals_the_eager_step(setup, pick, capacity, bucket):
     longest = max(s.cached + 1 for s in chosen)
     graphs = DecodeGraphSet(drv.runtime, BUCKETS, drv.history_width, capture=False, scratch_slots=64)
     assert graphs.plan(batch, longest) == bucket
-    want, pools_want = _run(drv, lambda: drv.runtime.forward(batch))
-    got, pools_got = _run(drv, lambda: graphs.forward(batch, longest))
+    want, want_routed, pools_want = _run(drv, lambda: drv.runtime.forward(batch))
+    got, got_routed, pools_got = _run(drv, lambda: graphs.forward(batch, longest))
     assert not graphs.fallbacks and set(graphs.graphs) == {bucket}
-    assert torch.equal(got.logits, want.logits) and got.logits.shape[0] == len(chosen)
-    for layer, ids in want.decisions.routed_experts.items():
-        assert torch.equal(got.decisions.routed_experts[layer], ids)
+    assert torch.equal(got, want) and got.shape[0] == len(chosen)
+    for layer, ids in want_routed.items():
+        assert torch.equal(got_routed[layer], ids)
     assert all(torch.equal(a, b) for a, b in zip(pools_got, pools_want))
 
 
@@ -89,9 +62,9 @@ def test_steps_outside_the_buckets_run_eagerly(setup):
     drv, seqs = setup
     graphs = DecodeGraphSet(drv.runtime, BUCKETS, drv.history_width, capture=False, scratch_slots=64)
     wide = _batch(drv, seqs, 512)  # 5 requests > 4
-    want, _ = _run(drv, lambda: drv.runtime.forward(wide))
-    got, _ = _run(drv, lambda: graphs.forward(wide, max(s.cached + 1 for s in seqs)))
-    assert torch.equal(got.logits, want.logits)
+    want = _run(drv, lambda: drv.runtime.forward(wide))[0]
+    got = _run(drv, lambda: graphs.forward(wide, max(s.cached + 1 for s in seqs)))[0]
+    assert torch.equal(got, want)
     long = _batch(drv, [seqs[4]], 512)  # 201 tokens fit 256; claim 300 to pass the largest bucket
     assert graphs.plan(long, 300) == "a context of 300 tokens > the largest capacity bucket 256"
     _run(drv, lambda: graphs.forward(long, 300))

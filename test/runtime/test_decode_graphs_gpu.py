@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from sglang_dsv41.determinism import DETERMINISTIC_ENV
+from static_decode import run_restoring as _run
+from static_decode import static_batch as _batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (graph capture)")
 
@@ -39,36 +41,6 @@ def setup(tiny_dir):
         seqs.append(s)
     yield drv, seqs
     mp.undo()
-
-
-def _batch(drv, seqs, capacity):
-    from sglang_dsv41.runtime.batch import Batch
-
-    hw, dev = drv.history_width, "cuda"
-    t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
-    pos = t([s.cached for s in seqs])
-    rows = torch.arange(len(seqs), device=dev)
-    return Batch(input_ids=t([s.tokens[s.cached] for s in seqs]), positions=pos, req_index=rows,
-                 req_slots=t([s.req_slot for s in seqs]), prefix_lens=pos, extend_lens=torch.ones_like(pos),
-                 token_table=drv._table(seqs, capacity)[:, :capacity].to(dev),
-                 history=t([s.tokens[s.cached - hw: s.cached] for s in seqs]), logits_rows=rows,
-                 seq_capacity=capacity, static=True)
-
-
-def _pools(drv):
-    p = drv.pools
-    return [*p.window, *p.compressed.values(), *p.index_keys.values(), *p.pending.values()]
-
-
-def _run(drv, fn):
-    saved = [x.clone() for x in _pools(drv)]
-    out = fn()
-    logits = out.logits.clone()
-    routed = {k: v.clone() for k, v in out.decisions.routed_experts.items()}
-    after = [x.clone() for x in _pools(drv)]
-    for now, was in zip(_pools(drv), saved):
-        now.copy_(was)
-    return logits, routed, after
 
 
 def _graphs(drv, batch_sizes, capacities):

@@ -181,8 +181,8 @@ class DecodeGraph:
             raise ValueError("DecodeGraph.load needs a graph built with padding=True (its inputs live outside the graph)")
         if n > self.B:
             raise ValueError(f"decode graph for batch size {self.B}: got {n} requests")
-        src = torch.arange(self.B, device=self.device)
-        src = torch.where(src < n, src, 0)
+        rows = self.batch.req_index  # arange(B), made at build
+        src = torch.where(rows < n, rows, 0)
         self.input_ids.copy_(batch.input_ids[src])
         self.positions.copy_(batch.positions[src])
         self.req_slots.copy_(batch.req_slots[src])

@@ -63,17 +63,16 @@ class ServingValues:
         self.trainer = trainer
         self.device = trainer.embed.weight.device
         self.serving = load_model(path, device=self.device, progress=False)
-        self.policy = NumericsPolicy.kernels(table)
         self.max_tokens, self.max_requests = max_tokens, max_requests
         self.sync()
+        apply_numerics(self.serving, NumericsPolicy.kernels(table))
         self.driver = Driver(self.serving, max_tokens, max_requests, page_size=page_size, device=self.device,
                              ops=table, graphs=False)
 
     def sync(self) -> None:
-        """Copy the trainer's current weights (their serving bytes) into the serving copy."""
-        apply_numerics(self.serving, NumericsPolicy.exact())
+        """Copy the trainer's current weights (their serving bytes) into the serving copy, in place: the
+        kernels' stacked experts are views of the parameters, kept dequantized copies are refreshed."""
         replace_tensors(self.serving, checkpoint_tensors(self.trainer, include_frozen=False))
-        apply_numerics(self.serving, self.policy)
 
     @torch.no_grad()
     def logits(self, rollouts: list[Rollout], r3: bool = False) -> Values:
