@@ -47,12 +47,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel")]
 
 from dsv41_kernels.op_table import OpTable  # noqa: E402
-from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
+from sglang_dsv41.checkpoint.loader import load_model, replace_tensors  # noqa: E402
 from sglang_dsv41.embedded import resolve_model_path  # noqa: E402
 from sglang_dsv41.determinism import DETERMINISTIC_ENV  # noqa: E402
 from sglang_dsv41.runtime.kernels import kernel_table  # noqa: E402
 from sglang_dsv41.train.mismatch import measure, random_prompts  # noqa: E402
 from sglang_dsv41.train.driver_rollouts import sample_rollouts  # noqa: E402
+from sglang_dsv41.train.export import checkpoint_tensors  # noqa: E402
 from sglang_dsv41.train.serving_values import ServingValues  # noqa: E402
 
 PUBLISHED = "KL 0.0012-0.0017, mean |dlogp| 0.017-0.025 (Miles, V4.1, SGLang rollouts, 16 GPUs)"
@@ -140,13 +141,18 @@ def main(argv: list[str] | None = None) -> None:
     for mode in modes:
         os.environ[DETERMINISTIC_ENV] = "1" if mode == "deterministic" else "0"
         for name, table in variants:
+            t1 = time.perf_counter()
             model = load_model(path, device=a.device, progress=False)
+            # the rollouts serve the trainer's exported bytes, as train.rl's first push makes the server do
+            replace_tensors(model, checkpoint_tensors(trainer, include_frozen=False))
             ros, calls = sample_rollouts(model, table, prompts, a.new, a.device, a.seed, stop_id)
+            print(f"[{mode}, {name}: {len(ros)} rollouts in {time.perf_counter() - t1:.0f} s]", file=sys.stderr)
             del model
             calls_note[f"{mode}, {name}"] = dict(Counter(i for (_, i) in calls.elements()))
-            values = ServingValues(trainer, path, table, max_tokens=max(len(r.sequence) for r in ros) + 64)
+            values = ServingValues(trainer, path, table, max_tokens=16 * max(len(r.sequence) for r in ros) + 64, max_requests=16)
             for trainer_name, v in (("torch forward", None), ("serving values", values)):
                 res = measure(trainer, ros, r3=True, values=v)
+                print(f"[{mode}, {name}, {trainer_name}: measured at {time.perf_counter() - t1:.0f} s]", file=sys.stderr)
                 for r3 in (False, True):
                     rows.append({"mode": mode, "rollouts": name, "trainer": trainer_name,
                                  "routing": "R3 (experts forced)" if r3 else "own", **res[r3].__dict__})

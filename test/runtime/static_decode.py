@@ -15,9 +15,14 @@ def static_batch(drv, seqs, capacity: int) -> Batch:
     t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
     pos = t([s.cached for s in seqs])
     rows = torch.arange(len(seqs), device=dev)
+    # pages for the rows' real lengths only (as SGLang's pool gives them); -1 out to the capacity
+    for s in seqs:
+        drv._table([s], s.cached + 1)  # Driver._table gives every row of a call the call's longest length
+    table = drv._table(seqs, 0)[:, :capacity]
+    table = torch.nn.functional.pad(table, (0, capacity - table.shape[1]), value=-1)
     return Batch(input_ids=t([s.tokens[s.cached] for s in seqs]), positions=pos, req_index=rows,
                  req_slots=t([s.req_slot for s in seqs]), prefix_lens=pos, extend_lens=torch.ones_like(pos),
-                 token_table=drv._table(seqs, capacity)[:, :capacity].to(dev),
+                 token_table=table.to(dev),
                  history=t([s.tokens[s.cached - hw: s.cached] for s in seqs]), logits_rows=rows,
                  seq_capacity=capacity, static=True)
 

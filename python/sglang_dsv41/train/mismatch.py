@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from sglang_dsv41.layers.transformer import DeepseekV41
-from sglang_dsv41.train.logprobs import response_logprobs, routed_table
 from sglang_dsv41.train.rollout import (Rollout, ServerClient, ServerError, derive_seed, require_rl_server,
                                         rl_server_problem)
 
@@ -79,22 +78,23 @@ def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(model: DeepseekV41, rollouts: list[Rollout], r3: bool, values=None) -> dict[bool, Mismatch]:
-    """Recompute every rollout in the trainer -> {False: metrics of the trainer's own routing, True:
-    metrics with the rollout's experts forced (only with `r3`)}. Routing agreement is measured on the
-    trainer's own routing in both. `values` (train/serving_values.py ServingValues): the trainer's
-    logprobs take the values of the rollouts' own forward (what an RL step with `values` trains on)."""
+def measure(model: DeepseekV41, rollouts: list[Rollout], r3: bool, values=None, chunk: int = 16) -> dict[bool, Mismatch]:
+    """Recompute every rollout in the trainer, `chunk` rollouts per forward (policy.batch_response_logprobs,
+    what an RL step trains on) -> {False: metrics of the trainer's own routing, True: metrics with the
+    rollout's experts forced (only with `r3`)}. Routing agreement is measured on the trainer's own routing
+    in both. `values` (train/serving_values.py ServingValues): the trainer's logprobs take the values of
+    the rollouts' own forward (what an RL step with `values` trains on)."""
+    if r3 and any(ro.routed_experts is None for ro in rollouts):
+        raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
     server = torch.cat([torch.tensor(ro.logprobs, dtype=torch.float32) for ro in rollouts]) if rollouts else torch.zeros(0)
     own, forced, agree = [], [], []
-    for ro in rollouts:
-        lp, routed = _recompute(model, ro, False, values)
-        own.append(lp)
-        if ro.routed_experts is not None:
-            agree.append(same_expert_sets(routed, ro.routed_experts))
+    for i in range(0, len(rollouts), chunk):
+        part = rollouts[i: i + chunk]
+        lps, routed = _recompute(model, part, False, values)
+        own += lps
+        agree += [same_expert_sets(t, ro.routed_experts) for t, ro in zip(routed, part) if ro.routed_experts is not None]
         if r3:
-            if ro.routed_experts is None:
-                raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
-            forced.append(_recompute(model, ro, True, values)[0])
+            forced += _recompute(model, part, True, values)[0]
     cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0)  # noqa: E731
     a = cat(agree) if agree else None
     out = {False: summarize(server, cat(own), a, len(rollouts), False)}
@@ -104,15 +104,14 @@ def measure(model: DeepseekV41, rollouts: list[Rollout], r3: bool, values=None) 
 
 
 @torch.no_grad()
-def _recompute(model: DeepseekV41, ro: Rollout, r3: bool, values) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (fp32 [R] the trainer's logprobs of the response, int32 [P + R - 1, layers, k] its routing)."""
-    if values is None:
-        lp, _, dec = response_logprobs(model, ro.prompt, ro.response, ro.routed_experts if r3 else None)
-        return lp.cpu(), routed_table(dec).cpu()
+def _recompute(model: DeepseekV41, part: list[Rollout], r3: bool, values) -> tuple[list[torch.Tensor], list]:
+    """-> (per rollout fp32 [R] the trainer's logprobs of the response, per rollout int32
+    [P + R - 1, layers, k] its routing; None entries under R3)."""
     from sglang_dsv41.train.policy import batch_response_logprobs
 
-    value = values.logits([ro], r3)
-    return batch_response_logprobs(model, [ro], r3=r3, values=value).logprobs[0].cpu(), value.routed[0]
+    value = values.logits(part, r3) if values is not None else None
+    out = batch_response_logprobs(model, part, r3=r3, values=value)
+    return [lp.cpu() for lp in out.logprobs], out.routed or [None] * len(part)
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -47,6 +47,38 @@ def _padded_length(rollouts: list[Rollout], cfg) -> int:
     return -(-t // step) * step
 
 
+def response_logits(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """The trainer's own forward of the batch (layout above) -> (per rollout fp32 [R_b, vocab] logits of
+    its response rows, differentiable; per rollout int32 [P_b + R_b - 1, layers, top_k] its routing,
+    None under R3, where the rollouts' `routed_experts` are forced)."""
+    cfg, device = model.cfg, model.embed.weight.device
+    b, t = len(rollouts), _padded_length(rollouts, model.cfg)
+    ids = torch.full((b, t), PAD_TOKEN_ID, dtype=torch.int64)
+    for i, r in enumerate(rollouts):
+        ids[i, : len(r.prompt) + len(r.response)] = torch.tensor(r.sequence)
+    replay = None
+    if r3:
+        k, layers = cfg.moe.n_activated_experts, cfg.num_layers
+        forced = torch.arange(k, dtype=torch.int32).repeat(b, t, layers, 1)  # [B, T, layers, k]
+        for i, r in enumerate(rollouts):
+            if r.routed_experts is None:
+                raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
+            forced[i, : r.routed_experts.shape[0]] = r.routed_experts
+        forced = forced.flatten(0, 1).to(device)
+        replay = Decisions(routed_experts={layer: forced[:, layer].contiguous() for layer in range(layers)})
+    out = model(ids.flatten().to(device), DenseKV(cfg, t, device, batch=b), replay)
+    logits = out.logits.view(b, t, -1)
+    zs, routed = [], None if r3 else []
+    for i, r in enumerate(rollouts):
+        p, n = len(r.prompt), len(r.response)
+        zs.append(logits[i, p - 1: p - 1 + n].float())
+        if not r3:
+            routed.append(torch.stack([out.decisions.routed_experts[layer].view(b, t, -1)[i, : p + n - 1]
+                                       for layer in sorted(out.decisions.routed_experts)], dim=1).to(torch.int32).cpu())
+    return zs, routed
+
+
 def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: bool = False,
                             temperature: float = 1.0, values: Values | None = None) -> BatchLogprobs:
     """`temperature` != 1 also returns the tempered log-probabilities (the sampling policy's); the
@@ -58,39 +90,15 @@ def batch_response_logprobs(model: DeepseekV41, rollouts: list[Rollout], r3: boo
         raise ValueError("batch_response_logprobs needs at least one rollout")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    cfg, device = model.cfg, model.embed.weight.device
-    b, t = len(rollouts), _padded_length(rollouts, model.cfg)
-    ids = torch.full((b, t), PAD_TOKEN_ID, dtype=torch.int64)
-    for i, r in enumerate(rollouts):
-        ids[i, : len(r.prompt) + len(r.response)] = torch.tensor(r.sequence)
+    scored = rollouts if values is None else [replace(r, routed_experts=e) for r, e in zip(rollouts, values.routed)]
+    zs, routed = response_logits(model, scored, r3 or values is not None)
     if values is not None:
-        rollouts = [replace(r, routed_experts=e) for r, e in zip(rollouts, values.routed)]
-    replay = None
-    if r3 or values is not None:
-        k, layers = cfg.moe.n_activated_experts, cfg.num_layers
-        forced = torch.arange(k, dtype=torch.int32).repeat(b, t, layers, 1)  # [B, T, layers, k]
-        for i, r in enumerate(rollouts):
-            if r.routed_experts is None:
-                raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
-            forced[i, : r.routed_experts.shape[0]] = r.routed_experts
-        forced = forced.flatten(0, 1).to(device)
-        replay = Decisions(routed_experts={layer: forced[:, layer].contiguous() for layer in range(layers)})
-    out = model(ids.flatten().to(device), DenseKV(cfg, t, device, batch=b), replay)
-    logits = out.logits.view(b, t, -1)
-    lps, tempered, routed = [], [], []
-    for i, r in enumerate(rollouts):
-        p, n = len(r.prompt), len(r.response)
-        z = logits[i, p - 1: p - 1 + n].float()
-        if values is not None:
-            z = ste(z, values.logits[i])
-        target = torch.tensor(r.response, dtype=torch.int64, device=device)[:, None]
+        zs = [ste(z, v) for z, v in zip(zs, values.logits)]
+        routed = None if r3 else values.routed
+    lps, tempered = [], []
+    for z, r in zip(zs, rollouts):
+        target = torch.tensor(r.response, dtype=torch.int64, device=z.device)[:, None]
         lps.append(torch.log_softmax(z, dim=-1).gather(1, target).squeeze(1))
         if temperature != 1.0:
             tempered.append(torch.log_softmax(z / temperature, dim=-1).gather(1, target).squeeze(1))
-        if not r3 and values is None:
-            table = torch.stack([out.decisions.routed_experts[layer].view(b, t, -1)[i, : p + n - 1]
-                                 for layer in sorted(out.decisions.routed_experts)], dim=1)
-            routed.append(table.to(torch.int32).cpu())
-    if values is not None and not r3:
-        routed = values.routed
-    return BatchLogprobs(lps, None if r3 else routed, tempered if temperature != 1.0 else None)
+    return BatchLogprobs(lps, routed, tempered if temperature != 1.0 else None)

@@ -9,9 +9,9 @@ forward for the value:
 - `serving`: a serving copy of the trainer's weights (the exported bytes, `export.checkpoint_tensors`)
   under `NumericsPolicy.kernels(table)` (the op table the rollouts ran: `runtime.kernels.kernel_table`);
   `sync()` copies the masters' bytes in after every optimizer step;
-- `logits(rollouts, r3)`: one prefill chunk of every `prompt + response[:-1]` through the paged runtime
-  (`runtime.driver.Driver`, pages taken and released per call) -> per rollout the fp32 logits of its
-  response rows and its routed experts.
+- `logits(rollouts, r3)`: a prefill of every `prompt + response[:-1]` through the paged runtime
+  (`runtime.driver.Driver`, pages taken and released per call; one chunk, or as many as the pages
+  need) -> per rollout the fp32 logits of its response rows and its routed experts.
 
 `policy.batch_response_logprobs(..., values=)` then takes those logits as the value of the twin
 forward's logits (`quant.ste.ste`: the gradient passes unchanged to the twin's logits) and replays the
@@ -68,6 +68,7 @@ class ServingValues:
         apply_numerics(self.serving, NumericsPolicy.kernels(table))
         self.driver = Driver(self.serving, max_tokens, max_requests, page_size=page_size, device=self.device,
                              ops=table, graphs=False)
+        self.capacity = -(-max_tokens // page_size) * page_size  # the driver's free slots
 
     def sync(self) -> None:
         """Copy the trainer's current weights (their serving bytes) into the serving copy, in place: the
@@ -83,10 +84,32 @@ class ServingValues:
         if len(rollouts) > self.max_requests or sum(rows) > self.max_tokens:
             raise ValueError(f"{len(rollouts)} rollouts of {sum(rows)} tokens exceed this ServingValues' "
                              f"{self.max_requests} requests / {self.max_tokens} tokens")
+        if r3 and any(r.routed_experts is None for r in rollouts):
+            raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
+        logits, experts = [], []
+        for group in self._groups(rows):
+            lg, ex = self._prefill([rollouts[i] for i in group], [rows[i] for i in group], r3)
+            logits += lg
+            experts += ex
+        return Values(logits, experts)
+
+    def _groups(self, rows: list[int]) -> list[list[int]]:
+        """Consecutive rollouts per prefill so that the pages fit: the driver gives every sequence of a
+        step pages up to the step's longest (`Driver._table`). A row's values do not depend on its batch
+        in deterministic mode."""
+        ps, groups = self.driver.page_size, [[]]
+        for i, n in enumerate(rows):
+            cand = groups[-1] + [i]
+            if groups[-1] and len(cand) * -(-max(rows[j] for j in cand) // ps) * ps > self.capacity:
+                groups.append([i])
+            else:
+                groups[-1] = cand
+        return groups
+
+    def _prefill(self, rollouts: list[Rollout], rows: list[int], r3: bool):
+        """One prefill chunk of these rollouts' rows -> their response rows' logits and routed experts."""
         replay = None
         if r3:
-            if any(r.routed_experts is None for r in rollouts):
-                raise ValueError("R3 needs routed experts from the server (--enable-return-routed-experts)")
             table = torch.cat([r.routed_experts[:n] for r, n in zip(rollouts, rows)]).to(self.device)
             replay = Decisions(routed_experts={layer: table[:, layer].contiguous() for layer in range(table.shape[1])})
         seqs = [Sequence(i, r.sequence[:-1], n) for i, (r, n) in enumerate(zip(rollouts, rows))]
@@ -103,4 +126,4 @@ class ServingValues:
             logits.append(out.logits[start + len(r.prompt) - 1: start + n].float().clone())
             experts.append(routed[start: start + n].to(torch.int32).cpu().clone())
             start += n
-        return Values(logits, experts)
+        return logits, experts
