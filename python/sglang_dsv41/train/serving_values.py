@@ -3,7 +3,7 @@
 The trainer's own forward (`policy.batch_response_logprobs`: torch ops over a dense KV) equals a server
 that runs the same torch ops bit for bit (the CPU server, the driver's torch twins on a GPU), but not
 GPU rollouts that run the serving op table (Triton), whose results differ from their twins in the last
-bits (`benchmark/results/2026-12-01-h200-mismatch.md`). `ServingValues` runs the rollouts' own
+bits (`benchmark/results/2026-12-05-h200-mismatch.md`: KL 8.3e-4 in deterministic mode). `ServingValues` runs the rollouts' own
 forward for the value:
 
 - `serving`: a serving copy of the trainer's weights (the exported bytes, `export.checkpoint_tensors`)
@@ -20,6 +20,10 @@ produced the value. Under deterministic mode (SGLANG_DSV41_DETERMINISTIC=1) a ro
 neither on the batch nor on prefill vs decode, so the value is bit for bit what the rollouts computed
 at each decode step (test/train/test_serving_values_gpu.py); in the fast default mode the prefill
 and decode paths differ in their last bits (split-K at decode, library GEMMs at prefill).
+
+The rollouts must run on the same bytes as the copy: the export of the masters, which `train.rl` pushes
+before its first rollout. The checkpoint's own bytes can encode the same values with other scales, and
+the GPU's routed-expert kernel reads the bytes, not only the values.
 
 Cost: one extra no-grad prefill of the batch per step (the rollouts' forward), plus one copy of the
 serving weights.
