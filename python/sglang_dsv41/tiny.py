@@ -293,7 +293,8 @@ def write_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     p = PRESETS[preset]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits)
+    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits,
+                        image_token=p.vision_layers > 0)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
@@ -315,7 +316,8 @@ def random_model(preset: str, workdir: str | Path, device: str = "cpu", seed: in
 
     p, out = PRESETS[preset], Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits)
+    save_tiny_tokenizer(out, vocab_size=p.tokenizer_vocab, single_digits=p.single_digits,
+                        image_token=p.vision_layers > 0)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))

@@ -4,6 +4,8 @@ and the ForwardBatch -> Batch helpers. Oracles: SGLang 0.5.23's own objects and 
 
 from __future__ import annotations
 
+import os
+
 from types import SimpleNamespace
 
 import pytest
@@ -38,10 +40,10 @@ def test_architecture_kept_on_our_class():
     assert rewritten["architectures"] == ["DeepseekV4ForCausalLM"]  # SGLang's own rewrite, which we undo
     kept = registration.keep_v41_architecture(rewritten, raw)
     assert kept["architectures"] == [ARCHITECTURE] and kept["hidden_size"] == 8
-    # a checkpoint with a vision tower is served as the text model (no SGLang image processor for our class)
+    # a vision tower stays: SGLang serves images through our processor package
     vl = {**raw, "vision_config": {"num_hidden_layers": 32, "hidden_size": 1024}}
     kept = registration.keep_v41_architecture(normalize_deepseek_v41_config(vl), vl)
-    assert kept["architectures"] == [ARCHITECTURE] and kept["vision_n_layers"] == 0 and kept["vision_dim"] == 1024
+    assert kept["architectures"] == [ARCHITECTURE] and kept["vision_n_layers"] == 32 and kept["vision_dim"] == 1024
     other = {"architectures": ["DeepseekV4ForCausalLM"]}
     assert registration.keep_v41_architecture(dict(other), other)["architectures"] == ["DeepseekV4ForCausalLM"]
 
@@ -271,3 +273,15 @@ def test_token_store_history_reads_shared_prefix_slots():
     table = torch.tensor([[4, 5, 6, 7, 8], [4, 5, 9, 10, 11]])  # request 1 shares request 0's first 2 slots
     hist = store.history(table, torch.tensor([4, 2]), 3)
     assert hist.tolist() == [[12, 13, 14], [0, 11, 12]]
+
+
+def test_processor_package_registers_our_image_processor(monkeypatch):
+    from sglang.srt.managers import multimodal_processor as mp
+
+    monkeypatch.delenv("SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE", raising=False)
+    registration.use_model_package()
+    assert os.environ["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] == registration.PROCESSOR_PACKAGE
+    monkeypatch.setattr(mp, "PROCESSOR_MAPPING", {})
+    mp.import_processors(registration.PROCESSOR_PACKAGE, overwrite=True)  # what SGLang's tokenizer manager runs
+    assert [(m.__name__, p.__name__) for m, p in mp.PROCESSOR_MAPPING.items()] == [
+        (ARCHITECTURE, "DeepseekV41ImageInput")]

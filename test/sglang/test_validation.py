@@ -22,6 +22,7 @@ from sglang_dsv41.sglang.requests.validation import (
     detokenize_request_error,
     generate_body_error,
     ids_error,
+    multimodal_error,
     logit_bias_error,
     routed_experts_error,
     text_bytes_error,
@@ -163,6 +164,19 @@ def test_completion_request(kw, fragment):
 ])
 def test_chat_request(kw, fragment):
     assert fragment in chat_request_error(_chat(**kw), LIMITS)
+
+
+def test_images_are_taken_when_the_vision_tower_is_served():
+    import dataclasses
+
+    images = dataclasses.replace(LIMITS, images=True)
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    assert chat_request_error(_chat(messages=[{"role": "user", "content": parts}]), images) is None
+    video = [{"type": "video_url", "video_url": {"url": "x"}}]
+    assert "'video_url' parts are not served" in chat_request_error(_chat(messages=[{"role": "user", "content": video}]), images)
+    assert multimodal_error({"image_data": ["x"]}, images=True) is None
+    assert "without a vision tower" in multimodal_error({"image_data": ["x"]})
+    assert "takes text and images only" in multimodal_error({"audio_data": ["x"]}, images=True)
     assert chat_request_error(_chat(max_tokens=1, n=2), LIMITS) is None
     assert chat_request_error(_chat(rid="x", stop_regex="</?answer>"), LIMITS) is None
 
@@ -434,7 +448,7 @@ def test_score_request():
     ({"context": [1, 2]}, "context:"),
     ({"suffix": "x"}, "suffix: fill-in-the-middle"),
     ({"template": "{{ .Prompt }}"}, "template:"),
-    ({"images": ["AAAA"]}, "images: this server serves DeepSeek-V4.1 as a text-only model"),
+    ({"images": ["AAAA"]}, "images: the Ollama API's images are not served"),
 ])
 def test_ollama_generate_request(fields, fragment):
     from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateRequest

@@ -76,9 +76,9 @@ class DSparkStep:
         dkv = PagedDraftKV.for_context(self.pools, batch.token_table, batch.req_slots, self.ops, positions, req, live)
         add_context(self.model.mtp, hidden, positions, dkv)
 
-    def prefill(self, batch: Batch):
+    def prefill(self, batch: Batch, image_rows=None):
         """A prefill / extend forward whose rows also become drafter context -> ForwardOutput."""
-        out, kv = self.runtime.run(batch, capture_draft=True)
+        out, kv = self.runtime.run(batch, capture_draft=True, image_rows=image_rows)
         self.context(batch, out.draft_hidden, kv.positions, kv.req)
         return out
 

@@ -54,8 +54,8 @@ EVERY_PROCESS = (
          "what the registry runs on the external package: each module's EntryClass (model/deepseek_v41.py)."),
     Hook("configs.deepseek_v41.normalize_deepseek_v41_config", AFTER, registration.keep_v41_architecture,
          "SGLang rewrites architectures [DeepseekV41ForCausalLM] -> [DeepseekV4ForCausalLM] (its CUDA-only V4 "
-         "class); we keep the checkpoint's name so the registry resolves our class, and serve the text model "
-         "(vision_n_layers 0: SGLang has no image processor for our class; images get a 400)."),
+         "class); we keep the checkpoint's name so the registry resolves our class. A vision tower stays: "
+         "SGLang serves images through our processor (SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE, processor/)."),
     Hook("arg_groups.resolution_hooks.register_resolution_hook", READ, None,
          "the plugin API the `step` rows are registered through."),
     Hook("arg_groups.resolution_hooks._OVERRIDABLE_HOOKS", READ, None,

@@ -13,7 +13,10 @@ merges, which does not happen for V <= 2048):
 * ids 3..258: the 256 byte symbols (GPT-2 byte-to-unicode alphabet) in byte order;
 * then the learned merges, in merge order;
 * the last ``len(CHAT_SPECIAL_TOKENS)`` ids: the chat / multimodal special tokens that
-  ``deepseek_recipe`` (0.2.0) knows about (``SpecialToken`` enum), in ``CHAT_SPECIAL_TOKENS`` order.
+  ``deepseek_recipe`` (0.2.0) knows about (``SpecialToken`` enum), in ``CHAT_SPECIAL_TOKENS`` order;
+* with ``image_token=True`` (checkpoints with a vision tower) one more id, the last:
+  ``IMAGE_TOKEN``, the checkpoint's image placeholder (SGLang renders an image as it and the model's
+  ``image_token_id`` is its id).
 
 All special tokens are added as *special* added tokens (never split by BPE, dropped by
 ``decode(..., skip_special_tokens=True)``). Encoding adds no BOS/EOS by itself (there is no
@@ -56,6 +59,9 @@ CHAT_SPECIAL_TOKENS: tuple[str, ...] = (
     "<｜polygon｜>",
     "<｜/polygon｜>",
 )
+
+IMAGE_TOKEN = "<｜deepseek_image｜>"
+"""The image placeholder of a checkpoint with a vision tower (SGLang's deepseek-recipe renderer emits it)."""
 
 #: Every special token, in id order of the head (0, 1, 2) followed by the tail tokens.
 ALL_SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN) + CHAT_SPECIAL_TOKENS
@@ -246,7 +252,7 @@ def _learn_merges(words: dict[tuple[str, ...], int], num_merges: int) -> list[tu
     return merges
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False) -> Tokenizer:
+def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False, image_token: bool = False) -> Tokenizer:
     """Build the deterministic tiny tokenizer (a raw `tokenizers.Tokenizer`).
 
     Args:
@@ -255,12 +261,14 @@ def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False) ->
         single_digits: split every digit into its own pre-token (one token per digit: what the
             arithmetic-trained default uses); False (the default, unchanged bytes) groups digits in
             threes, which BPE merges further.
+        image_token: end with IMAGE_TOKEN (module docstring).
     Returns:
         A `tokenizers.Tokenizer`; `get_vocab_size(with_added_tokens=True) == vocab_size` (smaller
         only if the embedded corpus runs out of pairs to merge). Byte-level: every UTF-8 string
         round-trips through `encode(...).ids` / `decode(ids)` exactly.
     """
-    n_fixed = 3 + 256 + len(CHAT_SPECIAL_TOKENS)
+    tail = CHAT_SPECIAL_TOKENS + ((IMAGE_TOKEN,) if image_token else ())
+    n_fixed = 3 + 256 + len(tail)
     if vocab_size < n_fixed:
         raise ValueError(f"vocab_size={vocab_size} is below the {n_fixed} fixed entries")
 
@@ -279,9 +287,9 @@ def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False) ->
         kept_merges.append((a, b))
         if a + b not in vocab:
             vocab[a + b] = len(vocab)
-        if len(vocab) >= vocab_size - len(CHAT_SPECIAL_TOKENS):
+        if len(vocab) >= vocab_size - len(tail):
             break
-    for tok in CHAT_SPECIAL_TOKENS:
+    for tok in tail:
         vocab[tok] = len(vocab)
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=kept_merges, fuse_unk=False, byte_fallback=False))
@@ -290,13 +298,13 @@ def build_tiny_tokenizer(vocab_size: int = 1024, single_digits: bool = False) ->
     tok.add_special_tokens(
         [
             AddedToken(t, single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
-            for t in ALL_SPECIAL_TOKENS
+            for t in ALL_SPECIAL_TOKENS + tail[len(CHAT_SPECIAL_TOKENS):]
         ]
     )
     return tok
 
 
-def tokenizer_config_dict() -> dict:
+def tokenizer_config_dict(image_token: bool = False) -> dict:
     """Contents of `tokenizer_config.json` for the tiny tokenizer (HF `PreTrainedTokenizerFast`)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -308,11 +316,12 @@ def tokenizer_config_dict() -> dict:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": MODEL_MAX_LENGTH,
-        "additional_special_tokens": list(CHAT_SPECIAL_TOKENS),
+        "additional_special_tokens": list(CHAT_SPECIAL_TOKENS) + ([IMAGE_TOKEN] if image_token else []),
     }
 
 
-def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024, single_digits: bool = False) -> str:
+def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024, single_digits: bool = False,
+                        image_token: bool = False) -> str:
     """Write `tokenizer.json` and `tokenizer_config.json` (plus `special_tokens_map.json`) to out_dir.
 
     The directory loads with `transformers.AutoTokenizer.from_pretrained(out_dir)`,
@@ -321,10 +330,10 @@ def save_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 1024, sing
     """
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    tok = build_tiny_tokenizer(vocab_size, single_digits)
+    tok = build_tiny_tokenizer(vocab_size, single_digits, image_token)
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
-    cfg = tokenizer_config_dict()
+    cfg = tokenizer_config_dict(image_token)
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False, indent=2, sort_keys=True)
         f.write("\n")

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.managers.mm_utils import pad_mm_tokens
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
 from dsv41_kernels.op_table import OpTable
@@ -37,6 +38,7 @@ from sglang_dsv41.sglang.model.cuda_graphs import DECODE_GRAPHS_ENV, decode_grap
 from sglang_dsv41.sglang.model.decode_batch import build_decode_batch, decode_capacity, host_max_seq_len
 from sglang_dsv41.sglang.model.forward import TokenStore, build_batch, identity_logits, plan_logits
 from sglang_dsv41.sglang.model.forward_dump import ForwardDump
+from sglang_dsv41.sglang.model.image_rows import image_rows, remap_pad_ids
 from sglang_dsv41.sglang.model.report import startup_report
 
 logger = logging.getLogger(__name__)
@@ -67,14 +69,25 @@ def dspark_enabled() -> bool:
 
 def _model_config(config) -> ModelConfig:
     """Our record from the checkpoint's own config.json when the path is known (SGLang's config
-    object is its flattened V3-derived class), else from the config object. The served model is the
-    text model (registration.keep_v41_architecture): no vision tower, whose tensors are then skipped."""
+    object is its flattened V3-derived class), else from the config object. The vision tower is built
+    when SGLang's config keeps it (registration.keep_v41_architecture) and --language-model-only is off;
+    otherwise the text model is served and the vision tensors are skipped."""
     path = getattr(config, "_name_or_path", None)
     if path and os.path.isfile(os.path.join(str(path), "config.json")):
         cfg = ModelConfig.from_pretrained(path)
     else:
         cfg = ModelConfig.from_hf(config)
-    return cfg.text_only() if not getattr(config, "vision_n_layers", 0) else cfg
+    return cfg if getattr(config, "vision_n_layers", 0) and not _language_model_only() else cfg.text_only()
+
+
+def _language_model_only() -> bool:
+    """SGLang's --language-model-only: the vision tower is not loaded (SGLang refuses images itself)."""
+    try:
+        from sglang.srt.runtime_context import get_disagg
+
+        return bool(get_disagg().language_model_only)
+    except Exception:  # no published server config (a model built outside a server)
+        return False
 
 
 class DeepseekV41ForCausalLM(nn.Module):
@@ -258,6 +271,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         req_to_token = get_req_to_token_pool().req_to_token
         if fb.forward_mode.is_decode() and self.windows is None:
             return self._forward_decode(fb, req_to_token)
+        if self.cfg.vision is not None:  # image spans carry SGLang's pad ids (image_rows.py)
+            input_ids = remap_pad_ids(input_ids, self.cfg.image_token_id)
         self._check_ids(input_ids, fb)
         meta = LogitsMetadata.from_forward_batch(fb)
         if fb.forward_mode.is_decode():
@@ -266,9 +281,10 @@ class DeepseekV41ForCausalLM(nn.Module):
             starts = fb.extend_logprob_start_lens_cpu if meta.extend_return_logprob else None
             plan = plan_logits(list(fb.extend_seq_lens_cpu), starts, input_ids.device)
         replay_lens = self._window_replay(fb)
-        batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens)
+        batch = build_batch(fb, req_to_token, self.store, self.history_width, plan.rows, replay_lens, input_ids)
+        images = self._image_rows(fb, replay_lens)
         # with DSPARK every row this forward runs also becomes the drafter's context
-        out = runtime.forward(batch) if self.dspark is None else self.dspark.prefill(batch)
+        out = runtime.forward(batch, image_rows=images) if self.dspark is None else self.dspark.prefill(batch, images)
         if self.dump is not None:
             self.dump.write(fb, batch, out.logits)
         if self.windows is not None:
@@ -294,6 +310,21 @@ class DeepseekV41ForCausalLM(nn.Module):
         output = LogitsProcessorOutput(next_token_logits=sampled)
         result.write_input_to(output)
         return output
+
+    def pad_input_ids(self, input_ids, mm_inputs):
+        """SGLang's scheduler: a prompt's image spans get the image's pad ids (its prefix-cache key)."""
+        return pad_mm_tokens(input_ids, mm_inputs)
+
+    def _image_rows(self, fb, replay_lens: list[int] | None):
+        """This extend forward's image rows (image_rows.py), or None: no vision tower or no image here.
+        Encoder SWA replay recomputes cached positions in front of a request's rows: they count too."""
+        mm = getattr(fb, "mm_inputs", None)
+        if self.cfg.vision is None or not mm or all(m is None for m in mm):
+            return None
+        rep = replay_lens or [0] * len(fb.extend_seq_lens_cpu)
+        starts = [p - r for p, r in zip(fb.extend_prefix_lens_cpu, rep)]
+        lens = [n + r for n, r in zip(fb.extend_seq_lens_cpu, rep)]
+        return image_rows(self.model, mm, starts, lens)
 
     def _forward_decode(self, fb, req_to_token: torch.Tensor) -> LogitsProcessorOutput:
         """A pure-decode forward without encoder replay: the fixed-shape, host-sync-free batch

@@ -73,12 +73,13 @@ def plan_logits(extend_lens: list[int], logprob_starts: list[int] | None, device
 
 
 def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width: int, plan_rows: torch.Tensor,
-                replay_lens: list[int] | None = None) -> Batch:
+                replay_lens: list[int] | None = None, input_ids: torch.Tensor | None = None) -> Batch:
     """Map one (non-idle) ForwardBatch onto a `Batch` (`req_to_token`: SGLang's [req slots, context]
     slot table); writes this forward's ids into `store`. `replay_lens[b]` (encoder SWA bounded
     replay) cached tokens are recomputed in front of request b's new tokens: their ids are read back
     from `store`, the request's rows start that much earlier, and `plan_rows` (indices into the
-    forward's own rows) move with them."""
+    forward's own rows) move with them. `input_ids`: the forward's ids when they differ from
+    `fb.input_ids` (image pad ids mapped back, image_rows.remap_pad_ids)."""
     device = fb.input_ids.device
     if fb.forward_mode.is_decode():
         seq = fb.seq_lens.to(torch.int64)
@@ -90,8 +91,9 @@ def build_batch(fb, req_to_token: torch.Tensor, store: TokenStore, history_width
     width = int((prefix + ext).max())
     req_slots = fb.req_pool_indices.to(torch.int64)
     token_table = req_to_token[req_slots, :width].to(torch.int64)
-    store.write(fb.out_cache_loc, fb.input_ids)
-    ids, positions = fb.input_ids.to(torch.int64), fb.positions.to(torch.int64)
+    ids = (fb.input_ids if input_ids is None else input_ids).to(torch.int64)
+    store.write(fb.out_cache_loc, ids)
+    positions = fb.positions.to(torch.int64)
     extra = {}
     if replay_lens is not None and any(replay_lens):
         rep = torch.tensor(replay_lens, dtype=torch.int64, device=device)

@@ -10,11 +10,15 @@ from sglang_dsv41.sglang.model.server_args import ARCHITECTURE
 
 EXTERNAL_PACKAGE = "sglang_dsv41.sglang.model"
 """SGLang's registry imports every module directly in this package and collects each `EntryClass`."""
+PROCESSOR_PACKAGE = "sglang_dsv41.sglang.processor"
+"""SGLang's tokenizer manager imports this package's processors for a checkpoint with a vision tower."""
 
 
 def use_model_package() -> None:
     """Point SGLang's registry at EXTERNAL_PACKAGE (`SGLANG_EXTERNAL_MODEL_PACKAGE`, which also defers the
     in-tree model zoo); when the registry is already imported, register our class into it directly."""
+    # the image processor of our class (a checkpoint with a vision tower); a package the user named stays
+    os.environ.setdefault("SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE", PROCESSOR_PACKAGE)
     if "sglang.srt.models.registry" not in sys.modules and not os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE"):
         # Inherited by the scheduler subprocesses, whose registry import happens before plugins load.
         os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = EXTERNAL_PACKAGE
@@ -32,13 +36,12 @@ def register_model_class() -> None:
 
 
 def keep_v41_architecture(result: dict, values, *args, **kwargs):
-    """AFTER hook on normalize_deepseek_v41_config(values) -> dict. For our checkpoint: the architecture
-    stays ours, and the config SGLang builds its server from is the text model's (vision_n_layers 0), so
-    SGLang does not take it for a multimodal model. The adapter serves text only; image requests get a
-    400 (requests/validation.py), the vision tower is not loaded (docs/vision.md "Not built")."""
+    """AFTER hook on normalize_deepseek_v41_config(values) -> dict. For our checkpoint the architecture
+    stays ours (SGLang renames it to its CUDA-only V4 class). A vision tower (`vision_n_layers` > 0) stays
+    in the config: SGLang then serves the checkpoint as a vision model, with our image processor
+    (PROCESSOR_PACKAGE) and the model's image path (docs/vision.md)."""
     src = values.get("architectures") if hasattr(values, "get") else None
-    if src == [ARCHITECTURE] and (result.get("architectures") != [ARCHITECTURE] or result.get("vision_n_layers")):
+    if src == [ARCHITECTURE] and result.get("architectures") != [ARCHITECTURE]:
         result = dict(result)
         result["architectures"] = [ARCHITECTURE]
-        result["vision_n_layers"] = 0
     return result

@@ -42,6 +42,7 @@ def request_limits(tm) -> Limits:
         empty_text_has_tokens=empty_has_tokens,
         allow_auto_truncate=bool(getattr(tm, "allow_auto_truncate", False)),
         max_input_tokens=getattr(tm, "max_req_input_len", None),
+        images=getattr(tm, "mm_processor", None) is not None,
     )
 
 
@@ -138,7 +139,8 @@ def routed_experts_served() -> bool:
 
 def check_tokenized(result, tm, obj, input_ids, *args, **kwargs):
     """AFTER hook on TokenizerManager._validate_one_request(self, obj, input_ids) -> None."""
-    error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size))
+    images = getattr(tm, "mm_processor", None) is not None
+    error = tokenized_error(obj, input_ids, int(tm.model_config.vocab_size), images)
     if not error and getattr(obj, "return_routed_experts", False) is True:
         error = routed_experts_error(True, routed_experts_served())
     if not error and str(getattr(tm.server_args, "speculative_algorithm", None) or "").upper() == "DSPARK":
@@ -181,5 +183,7 @@ def check_admitted(result, req, *args, **kwargs):
     sampling["stop_token_ids"] = sorted(getattr(sp, "stop_token_ids", None) or ())
     sampling["stop_regex"] = list(getattr(sp, "stop_regex_strs", None) or ()) or None
     sampling["stop"] = list(getattr(sp, "stop_strs", None) or ()) or None
-    return admitted_error(req.origin_input_ids, getattr(req, "vocab_size", None), getattr(req, "top_logprobs_num", 0),
+    # an image prompt's origin_input_ids carry the spans' pad ids by now (the model's pad_input_ids)
+    ids = getattr(req, "origin_input_ids_unpadded", None) or req.origin_input_ids
+    return admitted_error(ids, getattr(req, "vocab_size", None), getattr(req, "top_logprobs_num", 0),
                           sampling, getattr(req, "positional_embed_overrides", None))

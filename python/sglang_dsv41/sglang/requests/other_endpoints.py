@@ -38,7 +38,7 @@ OLLAMA_UNSERVED = {
     "context": "SGLang's Ollama endpoint cannot continue from a context; send the whole conversation in prompt",
     "suffix": "fill-in-the-middle is not implemented by SGLang's Ollama endpoint",
     "template": "SGLang's Ollama endpoint applies no prompt template; render the prompt yourself",
-    "images": "this server serves DeepSeek-V4.1 as a text-only model",
+    "images": "the Ollama API's images are not served; send image_url parts to /v1/chat/completions",
 }
 """Ollama request fields SGLang would ignore (a silent wrong answer), with why they are refused."""
 

@@ -60,6 +60,8 @@ class Limits:
     max_input_tokens: int | None = None
     """SGLang's scheduler refuses a prompt of this many tokens or more (its `max_req_input_len`: min(context,
     KV pool) - 6); None when unknown."""
+    images: bool = False
+    """The server takes images (it loaded the vision tower and SGLang's image processor for it)."""
 
 
 # ---------------------------------------------------------------------------- tokenizer facts
@@ -273,10 +275,16 @@ def stop_regex_error(patterns: Any, field: str = "stop_regex") -> str | None:
     return err
 
 
-def multimodal_error(values: dict) -> str | None:
+def multimodal_error(values: dict, images: bool = False) -> str | None:
+    """`images`: the server serves the vision tower (a checkpoint with one, without --language-model-only)."""
     for name in MULTIMODAL_FIELDS:
-        if values.get(name) not in (None, [], [None]):
-            return f"{name}: this server serves DeepSeek-V4.1 as a text-only model; send text or token ids"
+        if values.get(name) in (None, [], [None]):
+            continue
+        if name != "image_data":
+            return f"{name}: DeepSeek-V4.1 takes text and images only"
+        if not images:
+            return (f"{name}: this server serves DeepSeek-V4.1 without a vision tower (the checkpoint has none, "
+                    "or --language-model-only is set); send text or token ids")
     if values.get("input_embeds") is not None:
         return "input_embeds: not supported by DeepSeek-V4.1 here; send text or token ids"
     for name in EMBED_OVERRIDE_FIELDS:
@@ -373,7 +381,7 @@ def generate_body_error(body: Any, limits: Limits) -> str | None:
     if not isinstance(body, dict):
         return None  # SGLang's own contract check answers
     vocab = limits.vocab_size
-    err = multimodal_error(body)
+    err = multimodal_error(body, limits.images)
     if err:
         return err
     if body.get("text") is not None and body.get("input_ids") is not None:
@@ -492,9 +500,12 @@ def chat_request_error(request: Any, limits: Limits) -> str | None:
         if isinstance(content, list):
             for j, part in enumerate(content):
                 kind = getattr(part, "type", None) or (part.get("type") if isinstance(part, dict) else None)
-                if kind not in (None, "text"):
-                    return (f"messages[{i}].content[{j}]: {kind!r} parts are not served; this server serves "
-                            "DeepSeek-V4.1 as a text-only model")
+                if kind == "image_url" and not limits.images:
+                    return (f"messages[{i}].content[{j}]: 'image_url' parts are not served; this server serves "
+                            "DeepSeek-V4.1 without a vision tower (the checkpoint has none, or --language-model-only "
+                            "is set)")
+                if kind not in (None, "text", "image_url"):
+                    return f"messages[{i}].content[{j}]: {kind!r} parts are not served; DeepSeek-V4.1 takes text and images"
     return _first(
         openai_rid_error(getattr(request, "rid", None), True, request.n),
         count_error(request.max_tokens, "max_tokens", 1),
@@ -513,14 +524,15 @@ def detokenize_request_error(tokens: Any, tokenizer_size: int) -> str | None:
 
 
 # ---------------------------------------------------------------------------- after tokenization
-def tokenized_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
-    """One generate request (a GenerateReqInput element) with its prompt ids, from any entry point."""
+def tokenized_error(obj: Any, input_ids: Any, vocab_size: int, images: bool = False) -> str | None:
+    """One generate request (a GenerateReqInput element) with its prompt ids, from any entry point
+    (`images`: as in multimodal_error)."""
     values = {name: getattr(obj, name, None) for name in (*MULTIMODAL_FIELDS, "input_embeds", *EMBED_OVERRIDE_FIELDS)}
     field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
     if field == "text" and input_ids is not None and not len(input_ids):
         return "text: the prompt has no tokens after tokenization; send at least one token"
     return _first(
-        multimodal_error(values),
+        multimodal_error(values, images),
         ids_error(list(input_ids) if input_ids is not None else None, vocab_size, field),
         top_logprobs_error(getattr(obj, "top_logprobs_num", None), vocab_size, "top_logprobs_num"),
         count_error(getattr(obj, "logprob_start_len", None), "logprob_start_len", -1, what=" (-1: no input logprobs)"),
