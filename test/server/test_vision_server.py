@@ -188,3 +188,15 @@ def test_bad_images_get_a_400_and_the_server_keeps_serving(server, reference, ca
 def test_other_bad_media_get_a_400(server, path, body, want):
     r = requests.post(server.url + path, json=body, timeout=120)
     assert r.status_code == 400 and want in r.text, r.text
+
+
+def test_image_positions_count_toward_the_prompt_limit(server, reference):
+    """A prompt that fits as text but not once its placeholder becomes the image's span: the 400 counts the span."""
+    limit = requests.get(server.url + "/server_info", timeout=30).json()["max_req_input_len"]
+    images = [_png(60, 40, 1)]
+    span = _expanded(reference, [reference.model.cfg.image_token_id], images)[0]
+    n = limit - len(span) + 1  # text ids + the placeholder: under the limit; expanded: limit tokens
+    ids = [5 + i % 50 for i in range(n - 1)] + [reference.model.cfg.image_token_id]
+    body = {"input_ids": ids, "image_data": [_data_url(x) for x in images], "sampling_params": {"max_new_tokens": 1}}
+    r = requests.post(server.url + "/generate", json=body, timeout=120)
+    assert r.status_code == 400 and f"the prompt has {limit} tokens" in r.text, r.text[:300]
