@@ -319,7 +319,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         """This extend forward's image rows (image_rows.py), or None: no vision tower or no image here.
         Encoder SWA replay recomputes cached positions in front of a request's rows: they count too."""
         mm = getattr(fb, "mm_inputs", None)
-        if self.cfg.vision is None or not mm or all(m is None for m in mm):
+        if self.cfg.vision is None or fb.forward_mode.is_decode() or not mm or all(m is None for m in mm):
             return None
         rep = replay_lens or [0] * len(fb.extend_seq_lens_cpu)
         starts = [p - r for p, r in zip(fb.extend_prefix_lens_cpu, rep)]
