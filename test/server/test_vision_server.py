@@ -3,7 +3,8 @@ layout, the tokenizer's `<｜deepseek_image｜>` at `image_token_id`), prefill c
 are cut by chunk boundaries. Oracle: ReferenceModel on the same checkpoint with the same image spans
 (`image_input.image_span` of the same bytes), teacher-forced on the server's tokens (oracle.py): greedy tokens
 equal, logprobs within LOGPROB_ATOL. Also: the OpenAI chat path (deepseek-recipe renders the placeholder), the
-prefix cache (the same image twice), and bad images: a 400 naming the problem while the server keeps serving."""
+prefix cache (the same image twice), bad images (a 400 naming the problem while the server keeps serving), and a
+second server with the default flags (decoder SWA replay on) against the tail-replay reference."""
 
 from __future__ import annotations
 
@@ -200,3 +201,25 @@ def test_image_positions_count_toward_the_prompt_limit(server, reference):
     body = {"input_ids": ids, "image_data": [_data_url(x) for x in images], "sampling_params": {"max_new_tokens": 1}}
     r = requests.post(server.url + "/generate", json=body, timeout=120)
     assert r.status_code == 400 and f"the prompt has {limit} tokens" in r.text, r.text[:300]
+
+
+@pytest.fixture(scope="module")
+def replay_server(vision_dir, tmp_path_factory):
+    """The default flags: decoder SWA bounded replay on, SGLang's default prefill chunk (one chunk here)."""
+    srv = start_server(vision_dir, tmp_path_factory.mktemp("vision_replay_server") / "server.log")
+    yield srv
+    stop_server(srv.proc)
+
+
+def test_images_under_decoder_replay_equal_the_tail_replay_reference(replay_server, reference):
+    """The late layers run on the prompt's last window rows only: image 0 lies before those rows, image 1 inside."""
+    img = reference.model.cfg.image_token_id
+    ids = list(range(100, 150)) + [img] + list(range(150, 400)) + [img] + [5, 6, 7]
+    images = [_png(60, 40, 6), _png(30, 90, 7)]
+    full, spans = _expanded(reference, ids, images)
+    tail = len(full) - reference.model.cfg.attention.window_size
+    assert spans[0].start + spans[0].length <= tail <= spans[1].start
+    out = _generate(replay_server, ids, images, new=1, input_logprobs=False)
+    lp = torch.log_softmax(reference.forward(torch.tensor(full), decoder_tail_replay=True, images=spans).logits[-1].float(), -1)
+    assert out["output_ids"] == [int(lp.argmax())]
+    assert abs(out["meta_info"]["output_token_logprobs"][0][0] - lp.max().item()) <= LOGPROB_ATOL
