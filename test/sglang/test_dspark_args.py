@@ -22,8 +22,9 @@ RANDOM = "deepseek-v4.1-tiny-random"  # 2 draft stages, gamma 5
 TRAINED = "deepseek-v4.1-tiny"  # the trained 1-stage drafter, gamma 5
 GAMMA = 5
 ROWS = [h for h in hooks.EVERY_PROCESS if h.kind in (hooks.STEP, hooks.PROVIDER)
-        or h.fn in (registration.keep_v41_architecture, arg_resolution.dspark_step)]
-"""What resolution runs of ours: the wrapped steps, the provider, the kept architecture name, the DSPARK row."""
+        or h.fn in (registration.keep_v41_architecture, registration.language_model_only, arg_resolution.dspark_step)]
+"""What resolution runs of ours: the wrapped steps, the provider, the kept architecture name, --language-model-only
+for our class, the DSPARK row."""
 
 
 def install(monkeypatch, rows=ROWS) -> None:
@@ -135,6 +136,24 @@ def test_checkpoint_without_a_drafter_refused(resolve, no_drafter):
     with pytest.raises(ValueError, match="^--speculative-algorithm: this checkpoint has no DSpark drafter"):
         resolve(no_drafter)
     assert resolve(no_drafter, speculative_algorithm=None).speculative_algorithm is None  # served without DSPARK
+
+
+@pytest.fixture(scope="module")
+def vision_checkpoint(tmp_path_factory):
+    """tiny-vision: a drafter (2 stages, gamma 5) and a vision tower."""
+    from sglang_dsv41.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_vision") / "ckpt", "tiny-vision", seed=0)
+
+
+def test_vision_tower_beside_the_drafter_refused(resolve, vision_checkpoint):
+    """A DSPARK server's prefill of an image prompt does not equal the reference (docs/dspark.md): a startup
+    error naming the flag and --language-model-only, which serves the same checkpoint's text model with DSPARK."""
+    with pytest.raises(ValueError, match="^--speculative-algorithm: DSPARK with image input is not verified.*"
+                       "add --language-model-only"):
+        resolve(vision_checkpoint)
+    assert resolve(vision_checkpoint, language_model_only=True).speculative_algorithm == "DSPARK"
+    assert resolve(vision_checkpoint, speculative_algorithm=None).speculative_algorithm is None
 
 
 @pytest.mark.parametrize("algorithm", ["EAGLE", "NEXTN", "NGRAM", "dflash"])

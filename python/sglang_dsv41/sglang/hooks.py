@@ -56,6 +56,9 @@ EVERY_PROCESS = (
          "SGLang rewrites architectures [DeepseekV41ForCausalLM] -> [DeepseekV4ForCausalLM] (its CUDA-only V4 "
          "class); we keep the checkpoint's name so the registry resolves our class. A vision tower stays: "
          "SGLang serves images through our processor (SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE, processor/)."),
+    Hook("arg_groups.model_hook.handle_language_model_only", AROUND, registration.language_model_only,
+         "--language-model-only is refused for architectures outside SGLang's list; ours serves its text model "
+         "(the vision tower unloaded, images refused by SGLang)."),
     Hook("arg_groups.resolution_hooks.register_resolution_hook", READ, None,
          "the plugin API the `step` rows are registered through."),
     Hook("arg_groups.resolution_hooks._OVERRIDABLE_HOOKS", READ, None,

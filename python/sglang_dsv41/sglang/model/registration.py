@@ -45,3 +45,19 @@ def keep_v41_architecture(result: dict, values, *args, **kwargs):
         result = dict(result)
         result["architectures"] = [ARCHITECTURE]
     return result
+
+
+def language_model_only(original, server_args, *args, **kwargs):
+    """AROUND hook on handle_language_model_only(server_args): SGLang keeps a class-level tuple of the
+    architectures that may drop their vision tower; during this call ours is in it (the adapter builds
+    `cfg.text_only()` under the flag). Resolution forbids writing the instance, so the class holds the
+    longer tuple for the call only."""
+    cls = type(server_args)
+    allowed = tuple(cls.LANGUAGE_MODEL_ONLY_ARCHITECTURES)
+    if ARCHITECTURE in allowed:
+        return original(server_args, *args, **kwargs)
+    cls.LANGUAGE_MODEL_ONLY_ARCHITECTURES = (*allowed, ARCHITECTURE)
+    try:
+        return original(server_args, *args, **kwargs)
+    finally:
+        cls.LANGUAGE_MODEL_ONLY_ARCHITECTURES = allowed

@@ -227,10 +227,14 @@ def _dspark_errors(cfg: Any, model_cfg: Any) -> list[tuple[str, str]]:
 
 
 def _dspark_checkpoint_errors(cfg: Any, model_cfg: Any) -> list[tuple[str, str]]:
-    """The checkpoint's drafter: present, and the block size the flags ask for."""
+    """The checkpoint's drafter: present, no vision tower served beside it, and the block size the flags ask for."""
     if model_cfg.dspark is None:
         return [("--speculative-algorithm", "this checkpoint has no DSpark drafter (no mtp.* stages, or "
                  "dspark_block_size 0)")]
+    if model_cfg.vision is not None and not getattr(cfg, "language_model_only", False):
+        return [("--speculative-algorithm", "DSPARK with image input is not verified by sglang-dsv41 yet (a DSPARK "
+                 "server's prefill of an image prompt does not equal the reference, docs/dspark.md); add "
+                 "--language-model-only to serve this checkpoint's text model with DSPARK")]
     gamma = model_cfg.dspark.block_size
     block = getattr(cfg, "speculative_dspark_block_size", None)
     tokens = getattr(cfg, "speculative_num_draft_tokens", None)
