@@ -1,8 +1,10 @@
 """Triton block-scaled GEMMs for Hopper (sm_90): MXFP8 activations x FP8 / MXFP4 weights.
 
-Two kernels per call, the structure of the twins (`dsv41_kernels.gemm`, docs/numerics.md):
+The structure of the twins (`dsv41_kernels.gemm`, docs/numerics.md):
 1. `_mxfp8_quant_kernel`: x [M, K] -> q e4m3 [M, K] + scales fp32 [K/32, M] (transposed, so that the
-   GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise.
+   GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise. The
+   split-K decode kernel quantizes its own K blocks in registers instead (`_mx_quant`, the same bytes
+   and scales), so a decode GEMM is two launches, not three.
 2. `_scaled_mm_kernel`: per [BM, BN] output tile, for each 32-wide K block kb in K order:
        p = fp8 dot(q[:, kb], w[:, kb]^T)             fresh fp32 partial (one K=32 tensor-core MMA)
        acc = fma(p, a_s[m, kb] * w_s[n, kb], acc)     power-of-two scales: p * s is exact, so this
@@ -55,15 +57,22 @@ def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constex
     m, kb = g % M, g // M
     col = kb[:, None] * 32 + tl.arange(0, 32)[None, :]
     x = tl.load(x_ptr + m[:, None] * x_rs + col, mask=ok[:, None], other=0.0).to(tl.float32)
-    amax = tl.reduce(tl.abs(x), 1, max_nan, keep_dims=True)
-    amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
-    s = ue8m0_ceil(amax * (1.0 / 448.0))
-    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
-    q = e4m3_byte(x * inv)
+    q, s = _mx_quant(x)
     if EVENS_FIRST:
         col = kb[:, None] * 32 + evens_first_position(tl.arange(0, 32))[None, :]
     tl.store(q_ptr + m[:, None] * (KB * 32) + col, q.to(tl.uint8), mask=ok[:, None])
     tl.store(s_ptr + g, tl.reshape(s, [BLOCK_G]), mask=ok)
+
+
+@triton.jit
+def _mx_quant(x):
+    """One MXFP8 group per row: x fp32 [R, 32] -> (e4m3 bytes int32 [R, 32], scale fp32 [R, 1]), the bytes and
+    scale of quant.fp8.mxfp8_quant (launch with NO_FMA)."""
+    amax = tl.reduce(tl.abs(x), 1, max_nan, keep_dims=True)
+    amax = tl.where(amax < 1e-4, 1e-4, amax)  # clamp(min=1e-4), NaN kept
+    s = ue8m0_ceil(amax * (1.0 / 448.0))
+    inv = tl.math.div_rn(1.0, s)  # x / s == x * (1/s) exactly for a power-of-two s
+    return e4m3_byte(x * inv), s
 
 
 @triton.jit
@@ -150,6 +159,12 @@ def _block_partial(a_row, w_row, kb, m_ok, n_ok, sa, sw, FP4: tl.constexpr, SWAP
     MMA) times sa[m] * sw[n]; [BM, BN], or [BN, BM] with SWAP (the weight rows are the MMA's M side).
     Returns (dot, scale product) unmultiplied, so the caller can fma them into its accumulator."""
     a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
+    return _block_dot(a, w_row, kb, n_ok, sa, sw, FP4, SWAP)
+
+
+@triton.jit
+def _block_dot(a, w_row, kb, n_ok, sa, sw, FP4: tl.constexpr, SWAP: tl.constexpr):
+    """`_block_partial` for an activation tile a (e4m3 [BM, 32]) already in registers."""
     if FP4:
         b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))  # [BN, 32], x 2**-6
         sa = sa * E2M1_UNSHIFT
@@ -248,24 +263,31 @@ def _scaled_mm_kernel(
 
 @triton.jit
 def _block_partials_kernel(
-    q_ptr, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS,
+    x_ptr, x_rs, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr, FOLD: tl.constexpr,
 ):
     """Split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..).
+    x [M, K] (bf16 or fp32, row stride x_rs, unit column stride): each K block of the program's rows is
+    MXFP8-quantized here (`_mx_quant`: the bytes and scales `_mxfp8_quant_kernel` stores, so no separate
+    launch; the next block's x and weight scales are loaded one block ahead).
     Ordered (FOLD False): writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] *
     sw[n, kb]) - the exact scaled partial `_scaled_mm_kernel` adds (power-of-two scales).
     FOLD (fast mode): adds its KS scaled partials in K order from +0 (acc = fma(p, s, acc), the one-pass
     kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N].
-    Operands as in `_scaled_mm_kernel`; the next block's scales are loaded one block ahead.
-    SWAP: the weight rows are the MMA's M side (BN >= 64), the few activation rows its N side."""
+    Weights as in `_scaled_mm_kernel`. SWAP: the weight rows are the MMA's M side (BN >= 64), the few
+    activation rows its N side. Launch with NO_FMA (the quant's rounded fp32 steps; the accumulation is
+    an explicit fma)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KB = K // 32
     rm = tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = rm < M, rn < N
-    a_row, w_row, sw_row = _block_operands(q_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
-    sa, sw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, pid_k * KS, KB)
+    x_row = x_ptr + rm.to(tl.int64)[:, None] * x_rs + tl.arange(0, 32)[None, :]
+    _, w_row, sw_row = _block_operands(x_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
+    kb = pid_k * KS
+    x = tl.load(x_row + kb * 32, mask=m_ok[:, None] & (kb < KB), other=0.0)
+    sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok & (kb < KB), other=127))
     if SWAP:
         acc = tl.zeros([BN, BM], dtype=tl.float32)
     else:
@@ -273,13 +295,17 @@ def _block_partials_kernel(
     for i in range(KS):
         kb = pid_k * KS + i
         k_ok = kb < KB
-        nsa, nsw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb + 1, KB)
-        p, s = _block_partial(a_row, w_row, kb, m_ok & k_ok, n_ok & k_ok, sa, sw, FP4, SWAP)
+        nx = tl.load(x_row + (kb + 1) * 32, mask=m_ok[:, None] & (kb + 1 < KB), other=0.0)
+        nsw = e8m0_value(tl.load(sw_row + kb + 1, mask=n_ok & (kb + 1 < KB), other=127))
+        q, sa = _mx_quant(x.to(tl.float32))
+        a = q.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        sa = tl.where(m_ok & k_ok, tl.reshape(sa, [BM]), 0.0)  # as the loaded scales: 0 off the rows
+        p, s = _block_dot(a, w_row, kb, n_ok & k_ok, sa, sw, FP4, SWAP)
         if FOLD:
             acc = tl.fma(p, s, acc)  # a block past the last adds fma(+0, +0, acc)
         else:
             _store_partial(p_ptr + kb.to(tl.int64) * M * N, p * s, rm, rn, m_ok, n_ok & k_ok, N, SWAP)
-        sa, sw = nsa, nsw
+        x, sw = nx, nsw
     if FOLD:
         _store_partial(p_ptr + pid_k.to(tl.int64) * M * N, acc, rm, rn, m_ok, n_ok, N, SWAP)
 
@@ -390,15 +416,16 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False,
     return 64, 128, 4, 4
 
 
-def _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):
-    """Split-K: P [K/32, M, N] fp32 of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N]
-    chunk sums), then their sum in K order."""
+def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):
+    """Split-K of x2 [M, K] (unit column stride; quantized inside the partials kernel): P [K/32, M, N] fp32
+    of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N] chunk sums), then their sum in
+    K order. Two launches."""
     kb = k // BLOCK
     parts = triton.cdiv(kb, ks) if fold else kb
-    part = torch.empty(parts, m, n, dtype=torch.float32, device=q.device)
+    part = torch.empty(parts, m, n, dtype=torch.float32, device=x2.device)
     _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
-        q, sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks,
-        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages)
+        x2, x2.stride(0), w, w_rs, sw, sw.stride(0), part, m, n, k, ks,
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA)
     block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
     _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block, num_warps=4)
 
@@ -438,14 +465,14 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
         return _bf16_mm(x2, w, sw, n, k, fp4).reshape(*lead, n)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m and n:
-        q, sa = mxfp8_quant_t(x2)
         config = config or pick_config(m, n, k, x.device, fp4)
         if sw.dtype != torch.uint8:
             sw = sw.view(torch.uint8)
         if len(config) >= 6 and config[4] > 0:
             assert m <= config[0], f"split-K config {config} takes at most {config[0]} rows (got {m})"
-            _split_mm(q, sa, w, w_rs, sw, out, m, n, k, fp4, *config)
+            _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, *config)
             return out.reshape(*lead, n)
+        q, sa = mxfp8_quant_t(x2)
         bm, bn, warps, stages = config[:4]
         swap = bool(config[5]) if len(config) >= 6 else False
         kb = k // BLOCK

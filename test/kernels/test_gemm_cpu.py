@@ -1,7 +1,9 @@
 """CPU: the GEMM kernels' MXFP8 activation quant (gemm_triton.mxfp8_quant_t) through Triton's
 interpreter must give bitwise the bytes and scales of its oracle `sglang_dsv41.quant.mxfp8_quant` (with
 `evens_first`, the oracle's bytes in the grouped MoE's K_EVENS_FIRST order)
-(the GEMM itself runs through the interpreter in interp_check.py's grid); the two split-K orders (ordered:
+(the GEMM itself runs through the interpreter in interp_check.py's grid); the split-K kernel, which quantizes
+its K blocks in registers, gives the bits of the one-pass kernel after the separate quant on zero,
+wide-range, huge and NaN rows (FP8 and FP4 weights); the two split-K orders (ordered:
 block partials added in K order; folded, fast mode: K-order chunk sums added in chunk order) give bitwise
 an explicit fp32 emulation of their order, on operands whose block partials are exact in fp32. TRITON_INTERPRET must be
 set before Triton decorates the kernels, hence a subprocess running this file as a script."""
@@ -44,8 +46,33 @@ def _check() -> int:
         except AssertionError as e:
             bad += 1
             print(f"FAIL mxfp8_quant_t m={m} k={k}: {e}", flush=True)
+    bad += _fused_quant()
     bad += _split_orders()
     return 1 if bad else 0
+
+
+def _fused_quant() -> int:
+    """Split-K (x quantized inside `_block_partials_kernel`) vs the one-pass kernel (x quantized by
+    `_mxfp8_quant_kernel`), bitwise: ordered, and folded with chunks of one block (the same adds)."""
+    import torch
+
+    from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton
+    from kernel_cases import build_gemm
+    from kernel_compare import assert_match
+
+    bad = 0
+    for op, fn in (("fp8_linear", fp8_linear_triton), ("fp4_linear", fp4_linear_triton)):
+        for m, n, k in ((9, 100, 256), (16, 64, 160)):
+            args = build_gemm(op, dict(m=m, n=n, k=k, special=True), 21 + m, "cpu")["args"]
+            try:
+                want = fn(*args, config=(64, 64, 4, 2))
+                for cfg in ((16, 64, 4, 2, 3, True), (16, 32, 4, 2, 2, False), (16, 64, 4, 2, 1, True, True)):
+                    assert_match(fn(*args, config=cfg), want, "bitwise", what=f"{op} split-K {cfg}")
+                print(f"PASS fused quant {op} m={m} n={n} k={k}", flush=True)
+            except AssertionError as e:
+                bad += 1
+                print(f"FAIL fused quant {op} m={m} n={n} k={k}: {e}", flush=True)
+    return bad
 
 
 def _split_orders() -> int:
