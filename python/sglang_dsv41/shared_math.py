@@ -18,7 +18,8 @@ independent oracles (float64, hand-worked cases, DeepSeek's own code: test/kerne
   mhc_gates        an mHC site's (pre, post, comb) after its GEMM: statistic, affine, sigmoids, Sinkhorn
   mhc_collapse     sum_j pre_j R_j from +0, j ascending (fp32, one cast)
   mhc_expand       post_k y + sum_j comb_jk R_j from +0, j ascending (fp32, one cast)
-  swiglu           weight * silu(min(g, L)) * clamp(u, -L, L) in fp32
+  swiglu           weight * silu(min(g, L)) * clamp(u, -L, L) in fp32 (`swiglu_cast`: cast to w2's input dtype)
+  route            MoE router: sqrt(softplus(z)) scores, top-k of scores + bias, renormalised weights
   moe_combine      fp32 sum from +0 of the routed slots in order, then the shared expert, one cast
   fp32_linear      fp32(x) @ fp32(w)^T as GEMMs of exactly ROW_TILE rows (batch-invariant rows)
 """
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dsv41.determinism import row_tiled
-from sglang_dsv41.reduction import mean_square
+from sglang_dsv41.reduction import mean_square, ordered_sum
 
 ATTN_BLOCK = 64
 """Keys per online-softmax block (DeepSeek's sparse attention kernel)."""
@@ -247,6 +248,27 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float, weight: torch.Tensor 
         g = g.clamp(max=limit)
     h = F.silu(g) * u
     return h if weight is None else weight * h
+
+
+def swiglu_cast(g: torch.Tensor, u: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """`swiglu` cast to g's dtype (bf16 [t, I]): the input of an expert's w2."""
+    return swiglu(g, u, limit, weight).to(g.dtype)
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, k: int, scale: float, norm: bool,
+          forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE router after its GEMM. logits fp32 [T, E]; bias fp32 [E] or [T, E] (selects, never weighs)
+    -> (weights fp32 [T, k], expert ids int64 [T, k]):
+        s = sqrt(softplus(z))                        softplus is z for z > 20
+        ids = top-k of s + bias, descending          (`forced` [T, k]: these ids instead)
+        w = s[ids]; w / (sum_j w_j + 1e-20) when norm and k > 1 (`reduction.ordered_sum`: torch CPU's
+        order, the reference's `w.sum(-1)`, on every device); times scale."""
+    s = F.softplus(logits).sqrt()
+    ids = forced.to(logits.device).long() if forced is not None else (s + bias).topk(k, dim=-1).indices
+    w = s.gather(1, ids)
+    if norm and k > 1:
+        w = w / (ordered_sum(w).unsqueeze(-1) + 1e-20)
+    return w * scale, ids
 
 
 def moe_combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:

@@ -10,23 +10,7 @@ sum of one value and zeros, hence exact), so it adds in the twin's order. Launch
 contraction, every division IEEE (`div_rn`), so that it equals the twin bit for bit on the GPU
 (test/kernels/test_mhc_gpu.py).
 
-Transcendentals. On the GPU, exp is libdevice `__nv_expf`, which is what torch CUDA's `std::exp` on
-fp32 compiles to (nvcc without fast math), and sigmoid is written as ATen's CUDA kernel writes it
-for fp32 (aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu, `sigmoid_kernel_cuda`:
-`scalar_t{1} / (scalar_t{1} + std::exp(-a))`), i.e. 1 / (1 + exp(-x)) with an IEEE division.
-Triton links libdevice in its flush-to-zero flavour (the sm_90 PTX of `__nv_expf` has `fma.rn.ftz`
-and `ex2.approx.ftz` on the reduced argument, then a non-ftz `mul` by 2^j); we assume it gives torch's
-non-ftz bits, which can differ only where an input or result is subnormal: exp(subnormal) is 1 either
-way, and a subnormal exp result is swallowed by the next add (1 + e, or + hc_eps > 0). The GPU test
-checks this on inputs that reach those corners.
-Triton's CPU interpreter cannot run libdevice (extern calls raise), and its `tl.exp` (NumPy's fp32
-exp) differs from torch CPU's exp for 4.9% of all fp32 inputs; torch CPU's sigmoid is not
-1 / (1 + torch.exp(-x)) either (0.06% of inputs differ: another exp), both measured over every fp32
-input under ATEN_CPU_CAPABILITY=default. So under
-`triton_numerics.INTERPRET` the two elementwise functions run torch's CPU `exp` / `sigmoid` on the
-interpreter's NumPy data: the interpreter checks everything else of the kernel (statistic order,
-affine, divisions, the Sinkhorn sum orders, masking) against the twin bit for bit, and only the GPU
-test checks the libdevice transcendentals.
+Transcendentals (exp, sigmoid): `transcendentals.py`, torch's bits on each device.
 
 The statistic. `triton_numerics.ordered_sumsq` unrolls all D / 32 row loads, and Triton's coalescing
 pass takes time quadratic in the number of loads: measured for sm_90 on a 2-core CPU, D = 5120
@@ -41,39 +25,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from dsv41_kernels.mhc import hc_mult, mhc_collapse, mhc_expand, mhc_gates
+from dsv41_kernels.transcendentals import exp_f32, sigmoid_f32
 from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, max_nan, rms_rstd, sumsq_finish
 from sglang_dsv41.reduction import cascade_step
-
-if INTERPRET:
-    import numpy as np
-    from triton.runtime.interpreter import TensorHandle
-
-    def _host_map(x, fn):
-        """Interpreter only (plain Python on its tensors): fn, a torch CPU fp32 elementwise op, on x's data."""
-        out = fn(torch.from_numpy(np.ascontiguousarray(x.handle.data))).numpy()
-        return tl.tensor(TensorHandle(out, x.dtype), x.type)
-
-    def _exp(x):
-        return _host_map(x, torch.exp)
-
-    def _sigmoid(x):
-        return _host_map(x, torch.sigmoid)
-
-else:
-
-    @triton.jit
-    def _exp(x):
-        """fp32 exp as torch CUDA computes it (__nv_expf)."""
-        return libdevice.exp(x)
-
-    @triton.jit
-    def _sigmoid(x):
-        """fp32 sigmoid as ATen's CUDA kernel computes it: 1 / (1 + exp(-x)), IEEE division."""
-        return tl.math.div_rn(1.0, 1.0 + libdevice.exp(-x))
-
 
 @triton.jit
 def _pick(v, idx, i: tl.constexpr, AXIS: tl.constexpr):
@@ -151,8 +107,8 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
     zp = (tl.load(mrow + j, mask=ok2, other=0.0) * rstd[:, None]) * s0 + tl.load(base_ptr + j, mask=jok, other=0.0)
     zq = (tl.load(mrow + N + j, mask=ok2, other=0.0) * rstd[:, None]) * s1 + tl.load(base_ptr + N + j, mask=jok,
                                                                                     other=0.0)
-    tl.store(pre_ptr + row[:, None] * N + j, _sigmoid(zp) + hc_eps, mask=ok2)
-    tl.store(post_ptr + row[:, None] * N + j, _sigmoid(zq) * 2.0, mask=ok2)
+    tl.store(pre_ptr + row[:, None] * N + j, sigmoid_f32(zp) + hc_eps, mask=ok2)
+    tl.store(post_ptr + row[:, None] * N + j, sigmoid_f32(zq) * 2.0, mask=ok2)
 
     # comb: Sinkhorn on [R, NP, NP], entry (jj, kk) = mix column 2N + jj*N + kk
     jj = tl.arange(0, NP)[None, :, None]
@@ -163,7 +119,7 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
     c = (tl.load(mix_ptr + row[:, None, None] * mix_rs + off, mask=ok3, other=0.0) * rstd[:, None, None]) * s2
     c = c + tl.load(base_ptr + off, mask=cok, other=0.0)
     c = tl.where(cok, c, float("-inf"))
-    m = _exp(c - tl.reduce(c, 2, max_nan, keep_dims=True))  # NaN-propagating row max (torch.amax)
+    m = exp_f32(c - tl.reduce(c, 2, max_nan, keep_dims=True))  # NaN-propagating row max (torch.amax)
     m = tl.math.div_rn(m, _ordered_fold(m, kk, N, 2)) + hc_eps
     m = tl.math.div_rn(m, _ordered_fold(m, jj, N, 1) + hc_eps)
     for _ in range(1, iters):

@@ -10,6 +10,9 @@ j-th smallest expert id's output (the fp32 summation order of the layer), per pa
     h    = bf16(weight * (silu(min(g, L)) * clamp(u, -L, L)))     fp32 math, one cast
     y    = fp4_linear(h, w2_e)                                     bf16
     moe_combine(routed, shared) -> [T, H]    (dtype of shared)
+    swiglu(g, u, limit, weight=None) -> bf16 [t, I]     the shared expert's h (`shared_math.swiglu_cast`)
+    moe_route(logits, bias, k, scale, norm, forced=None) -> (weights fp32 [T, k], ids int64 [T, k])
+                                                         the router after its GEMM (`shared_math.route`)
 
 routed [T, k, H] bf16 (moe_experts' output, the layer's slot order), shared [T, H] bf16 (the shared
 expert): acc = +0; acc = acc + fp32(routed[:, j]) for j = 0 .. k-1; then acc + fp32(shared); one cast.
@@ -59,4 +62,19 @@ def moe_combine(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
     return shared_math.moe_combine(routed, shared)
 
 
+@register("swiglu")
+def swiglu_op(g, u, limit: float, weight=None) -> torch.Tensor:
+    """g, u bf16 [t, I] (w1 / w3 outputs), weight fp32 [t, 1] or None -> bf16 [t, I]: one elementwise
+    launch instead of the twin's seven (`shared_math.swiglu_cast`)."""
+    return shared_math.swiglu_cast(g, u, limit, weight)
+
+
+@register("moe_route")
+def moe_route(logits, bias, k: int, scale: float, norm: bool, forced=None):
+    """logits fp32 [T, E], bias fp32 [E] or [T, E], forced int [T, k] or None -> (weights fp32 [T, k],
+    expert ids int64 [T, k]): one launch instead of the twin's eight (`shared_math.route`)."""
+    return shared_math.route(logits, bias, k, scale, norm, forced)
+
+
 attach_kernels("dsv41_kernels.moe_triton", "moe_experts", "moe_combine")
+attach_kernels("dsv41_kernels.router_triton", "swiglu", "moe_route")

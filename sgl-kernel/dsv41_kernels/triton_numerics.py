@@ -49,6 +49,13 @@ def bf16_round(x):
     return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
 
 
+@triton.jit
+def bf16_bits(x):
+    """fp32 -> int16 bits of torch's bf16 cast (RNE), for a store through an int16 view of a bf16 tensor:
+    exact for every value also under the interpreter, whose fp32 -> bf16 conversion maps subnormals wrong."""
+    return (bf16_round(x).to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+
+
 # ---------------------------------------------------------------------------------- UE8M0
 @triton.jit
 def ue8m0_ceil(x):

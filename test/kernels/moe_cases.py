@@ -73,3 +73,42 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal bf16 tensors, any NaN equal to any NaN (NaN payloads and signs are not part of the contract)."""
     nan = a.isnan()
     return a.dtype == b.dtype and torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))
+
+
+def swiglu_cases(device: str = "cpu") -> list[tuple]:
+    """(g bf16 [t, I], u bf16 [t, I], limit, weight fp32 [t, 1] | None) for the `swiglu` op: magnitudes over
+    10^+-3 around the limit, g far below -20 (exp overflow: silu -> -0) and above (silu -> g), NaN / inf
+    entries, no clamp (limit 0), no weight, a column slice (row stride != I), t = 0."""
+    g = torch.Generator().manual_seed(9)
+    cases = []
+    for t, n, limit, weighted in ((5, 2304, 10.0, False), (3, 700, 7.0, True), (4, 96, 0.0, True)):
+        mag = torch.pow(10.0, torch.randint(-3, 3, (2, t, n), generator=g).float())
+        gg, uu = (torch.randn(2, t, n, generator=g) * mag).bfloat16()
+        gg[0, :8] = torch.tensor([-200.0, -88.0, -20.5, 20.5, 90.0, float("nan"), float("inf"), float("-inf")])
+        uu[1, :3] = torch.tensor([float("nan"), float("-inf"), -0.0])
+        w = torch.rand(t, 1, generator=g) * 2 if weighted else None
+        cases.append((gg, uu, limit, w))
+    wide = torch.randn(2, 3, 900, generator=g).bfloat16()
+    cases.append((wide[0, :, 100:740], wide[1, :, 100:740], 10.0, None))
+    cases.append((torch.zeros(0, 64).bfloat16(), torch.zeros(0, 64).bfloat16(), 10.0, torch.zeros(0, 1)))
+    return [(a.to(device), b.to(device), lim, None if w is None else w.to(device)) for a, b, lim, w in cases]
+
+
+def route_cases(device: str = "cpu") -> list[tuple]:
+    """(logits fp32 [T, E], bias fp32 [E] | [T, E], k, scale, norm, forced | None) for `moe_route`: the
+    release's 384 experts top-6, logits past softplus's threshold 20 and far below 0, E not a power of
+    two, per-row biases (image rows), k = 1, no renormalisation, forced ids (int32), T = 0."""
+    g = torch.Generator().manual_seed(13)
+    cases = []
+    for t, e, k, scale, norm in ((9, 384, 6, 2.5, True), (5, 16, 6, 1.0, True), (4, 40, 1, 1.5, True),
+                                 (3, 100, 4, 1.0, False)):
+        z = torch.randn(t, e, generator=g) * 4
+        z[0, :3] = torch.tensor([25.0, -120.0, 20.0])
+        bias = torch.randn(e, generator=g) * 0.1
+        cases.append((z, bias, k, scale, norm, None))
+    z, bias = torch.randn(6, 64, generator=g) * 3, torch.randn(6, 64, generator=g) * 0.2
+    cases.append((z, bias, 6, 2.0, True, None))
+    forced = torch.stack([torch.randperm(64, generator=g)[:6] for _ in range(6)]).int()
+    cases.append((z, bias[0], 6, 2.0, True, forced))
+    cases.append((torch.zeros(0, 384), torch.zeros(384), 6, 1.0, True, None))
+    return [(z.to(device), b.to(device), k, sc, nm, None if f is None else f.to(device)) for z, b, k, sc, nm, f in cases]

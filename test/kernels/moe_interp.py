@@ -1,5 +1,6 @@
 """Runs the grouped MoE, its combine and RMSNorm Triton kernels through Triton's CPU interpreter on small
-cases against their twins (also with K split in 2-5 runs, fast-mode decode), and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
+cases against their twins (also with K split in 2-5 runs, fast-mode decode), the shared expert's SwiGLU and
+the router bit for bit against theirs (torch CPU's transcendentals: transcendentals.py), and the block-scaled GEMM's tile configs (one pass, SWAP one pass, ordered
 split-K; 1, 2 and 4 K blocks per iteration) against each other, bit for bit; prints 'PASS name' /
 'FAIL name: reason'. The fused routing tables equal the torch ones bit for bit. Start with TRITON_INTERPRET=1."""
 
@@ -85,8 +86,23 @@ def main() -> int:
         for routed, shared in combine_cases():
             assert same_bits(ops.moe_combine.triton(routed, shared), ops.moe_combine.torch(routed, shared))
 
+    def swiglu():
+        from moe_cases import same_bits, swiglu_cases
+
+        for gg, uu, limit, w in swiglu_cases():
+            assert same_bits(ops.swiglu.triton(gg, uu, limit, w), ops.swiglu.torch(gg, uu, limit, w)), tuple(gg.shape)
+
+    def route():
+        from moe_cases import route_cases
+
+        for case in route_cases():
+            w, ids = ops.moe_route.triton(*case)
+            want_w, want_ids = ops.moe_route.torch(*case)
+            assert torch.equal(ids, want_ids), f"ids {tuple(case[0].shape)} k={case[2]}"
+            assert torch.equal(w.view(torch.int32), want_w.view(torch.int32)), f"weights {tuple(case[0].shape)} k={case[2]}"
+
     return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm),
-                       ("moe_combine", combine), ("moe_routing", routing)))
+                       ("moe_combine", combine), ("moe_routing", routing), ("swiglu", swiglu), ("moe_route", route)))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """GPU: the grouped W4A8 MoE kernels (`moe_experts`, two launches over all experts) against their
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
 independence in deterministic mode, the fast mode's K split at decode, the one-launch routing tables (bitwise the torch ops'), the bf16 prefill path (moe_prefill)
-against the twin and its expert chunks, CUDA-graph capture (no host sync); `moe_combine` and the RMSNorm
-kernel bitwise against their twins.
+against the twin and its expert chunks, CUDA-graph capture (no host sync); `moe_combine`, the RMSNorm
+kernel, the shared expert's `swiglu` and the router `moe_route` bitwise against their twins on CUDA.
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -164,3 +164,34 @@ def test_rms_norm_bitwise(m, d, dtype):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
+
+
+def test_swiglu_bitwise_twin():
+    """`swiglu` (one launch) == its CUDA twin bit for bit (libdevice exp, IEEE division: torch CUDA's silu),
+    on special values, exp overflow and subnormal products, and at the bench decode / prefill shapes."""
+    from moe_cases import same_bits, swiglu_cases
+
+    ops = _ops()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    big = [((torch.randn(t, 2304, device="cuda", generator=g) * 4).bfloat16(), torch.randn(t, 2304, device="cuda", generator=g).bfloat16(),
+            10.0, None) for t in (8, 8192)]
+    tiny = torch.full((2, 64), -87.5, device="cuda").bfloat16(), torch.full((2, 64), -0.0092, device="cuda").bfloat16()
+    for gg, uu, limit, w in swiglu_cases("cuda") + big + [(*tiny, 10.0, None)]:
+        assert same_bits(ops.swiglu.triton(gg, uu, limit, w), ops.swiglu.torch(gg, uu, limit, w)), tuple(gg.shape)
+
+
+def test_route_bitwise_twin():
+    """`moe_route` (one launch) == its CUDA twin: the same expert ids and bitwise the same weights (libdevice
+    softplus, IEEE sqrt and division, `ordered_sum`'s order), also at the release's 384 experts for a
+    prefill chunk."""
+    from moe_cases import route_cases
+
+    ops = _ops()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    big = [(torch.randn(2048, 384, device="cuda", generator=g) * 3, torch.randn(384, device="cuda", generator=g) * 0.1,
+            6, 2.5, True, None)]
+    for case in route_cases("cuda") + big:
+        w, ids = ops.moe_route.triton(*case)
+        want_w, want_ids = ops.moe_route.torch(*case)
+        assert torch.equal(ids, want_ids), tuple(case[0].shape)
+        assert torch.equal(w.view(torch.int32), want_w.view(torch.int32)), tuple(case[0].shape)

@@ -21,7 +21,6 @@ gradients reach them) and the `routed` slot takes them: TRAIN `routed_experts_st
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang_dsv41.config import ModelConfig
@@ -29,12 +28,13 @@ from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, FP8Linear, MXFP4Linear, f
 from sglang_dsv41.numerics import Slot
 from sglang_dsv41.quant import exact_value, fp4_linear, mxfp4_qdq_ste, mxfp8_qdq_ste, quant_mxfp4
 from sglang_dsv41.shared_math import moe_combine as combine
-from sglang_dsv41.shared_math import swiglu
+from sglang_dsv41.shared_math import route, swiglu, swiglu_cast
 
 
 class Gate(nn.Module):
-    numerics_slots = {"fp32_gemm": FP32_GEMM_SLOT}  # the router logits GEMM
+    numerics_slots = {"fp32_gemm": FP32_GEMM_SLOT, "route": Slot("moe", kernel="moe_route")}  # logits GEMM, router
     fp32_gemm = staticmethod(fp32_linear)  # (x [..., K], w [N, K]) -> fp32 [..., N], batch-invariant rows
+    route = staticmethod(route)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -46,23 +46,15 @@ class Gate(nn.Module):
         self.bias_vl = (nn.Parameter(torch.zeros(m.n_routed_experts, dtype=torch.float32), requires_grad=False)
                         if cfg.vision is not None else None)
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] bf16 -> fp32 [T, E] sqrtsoftplus scores (softplus is z for z > 20)."""
-        return F.softplus(self.fp32_gemm(x, self.weight)).sqrt()
-
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
                 image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights fp32 [T, k], expert ids int64 [T, k]). `forced` [T, k] replays given ids;
-        `image_rows` bool [T]: rows inside image spans, which select with `bias_vl`."""
-        s = self.scores(x)
+        """x [T, H] bf16 -> (weights fp32 [T, k], expert ids int64 [T, k]) (`shared_math.route`).
+        `forced` [T, k] replays given ids; `image_rows` bool [T]: rows inside image spans, which
+        select with `bias_vl`."""
         bias = self.bias
         if image_rows is not None and self.bias_vl is not None:
             bias = torch.where(image_rows.unsqueeze(-1), self.bias_vl, bias)
-        ids = forced.to(x.device).long() if forced is not None else (s + bias).topk(self.topk, dim=-1).indices
-        w = s.gather(1, ids)
-        if self.norm_topk_prob and self.topk > 1:
-            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-        return w * self.route_scale, ids
+        return self.route(self.fp32_gemm(x, self.weight), bias, self.topk, self.route_scale, self.norm_topk_prob, forced)
 
 
 class Expert(nn.Module):
@@ -73,9 +65,12 @@ class Expert(nn.Module):
         self.w1, self.w2, self.w3 = linear(hidden, inter), linear(inter, hidden), linear(hidden, inter)
         self.limit = swiglu_limit
 
+    numerics_slots = {"swiglu": Slot("moe", kernel="swiglu")}
+    swiglu = staticmethod(swiglu_cast)  # (g, u bf16 [t, I], limit, weight [t, 1] | None) -> bf16 [t, I]
+
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """x [t, H] bf16, weight [t, 1] fp32 or None -> bf16 [t, H]."""
-        return self.w2(swiglu(self.w1(x), self.w3(x), self.limit, weight).to(x.dtype))
+        return self.w2(self.swiglu(self.w1(x), self.w3(x), self.limit, weight))
 
 
 def routing_order(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ from torch import nn
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear
-from sglang_dsv41.layers.moe import Expert, Gate, MoE, swiglu
+from sglang_dsv41.layers.moe import Expert, Gate, MoE
 from sglang_dsv41.parallel.collectives import Collectives
 from sglang_dsv41.parallel.mesh import ParallelPlan
 from sglang_dsv41.parallel.tp import GatherFP8Linear
@@ -72,7 +72,7 @@ class ParallelMoE(MoE):
         se = self.shared_experts
         if not self.split_shared:
             return se(x)[..., self.cols[0]:self.cols[1]]
-        return se.w2(swiglu(se.w1(x), se.w3(x), se.limit).to(x.dtype))
+        return se.w2(se.swiglu(se.w1(x), se.w3(x), se.limit))
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
                 image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
