@@ -66,7 +66,7 @@ class Attention(nn.Module):
         """x [N, H] bf16 (normed attention input of the KV's current rows) -> [N, H] bf16.
         Records this layer's top-k / candidates in `dec` (index sources); `replay` forces them."""
         role = self.role
-        freqs = self.rotary.freqs(kv.positions)
+        freqs = kv.freqs(self.rotary)
         q, qr = self.query(x, freqs)
         kv.store_window(self, self.wkv(x), freqs)
         topk = None

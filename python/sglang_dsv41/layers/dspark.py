@@ -45,6 +45,9 @@ class DraftKV(Protocol):
     positions: torch.Tensor
     """int64 [B * gamma] positions of the block rows (request-major)."""
 
+    def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) fp32 [B * gamma, rd/2] of the block rows' positions (`layers/kv.py`)."""
+
     def add_context(self, attn, kv: torch.Tensor, freqs) -> None:
         """kv bf16 [n, D] = attn.wkv(main_x) of the KV's context rows (store like window keys: kv_norm,
         RoPE at the rows' positions `freqs`, FP8), for the stage whose attention is `attn`."""

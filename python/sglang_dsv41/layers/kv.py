@@ -22,11 +22,16 @@ import torch
 if TYPE_CHECKING:
     from sglang_dsv41.engram_hash import EngramHasher
     from sglang_dsv41.layers.attention import Attention
+    from sglang_dsv41.layers.rope import Rotary
 
 
 class KV(Protocol):
     positions: torch.Tensor
     """int64 [N] absolute position of each current row."""
+
+    def freqs(self, rotary: "Rotary") -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) fp32 [N, rd/2] of the current rows' positions for `rotary` (`rope.RopeRows`: one
+        lookup per RoPE kind and forward)."""
 
     def logits_rows(self) -> torch.Tensor:
         """int64 [R] current rows whose logits the forward returns."""

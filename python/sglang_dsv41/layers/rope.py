@@ -87,3 +87,19 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.T
     angles = positions.cpu().to(torch.float32).unsqueeze(-1) * inv_freq.cpu()
     f = torch.polar(torch.ones_like(angles), angles)
     return f.real.contiguous().to(positions.device), f.imag.contiguous().to(positions.device)
+
+
+class RopeRows:
+    """The (cos, sin) rows of one forward's positions per RoPE kind, looked up once per kind and forward
+    instead of once per layer (a KV object holds one for its current rows; a new one after a narrowing)."""
+
+    def __init__(self, positions: torch.Tensor):
+        self.positions = positions
+        self._rows: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        key = rotary.table_key
+        if key not in self._rows:
+            self._rows[key] = rotary.freqs(self.positions)
+        return self._rows[key]
+

@@ -37,6 +37,9 @@ class DenseDraftKV:
         self.positions = self.last
         self._block: torch.Tensor | None = None
 
+    def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.freqs(self.positions)
+
     def add_context(self, attn, kv: torch.Tensor, freqs) -> None:
         lid, keys = attn.role.layer_id, attn.window_keys(kv, freqs)
         self.context[lid] = keys if lid not in self.context else torch.cat([self.context[lid], keys])

@@ -36,6 +36,7 @@ from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
 from sglang_dsv41.layers.attention import Attention
 from sglang_dsv41.layers.indexer import index_scores, mask_invisible
+from sglang_dsv41.layers.rope import RopeRows
 from sglang_dsv41.layers.sparse_attention import BLOCK
 
 
@@ -71,6 +72,7 @@ class DenseKV:
         self.start = 0
         self.prefix_ids: torch.Tensor | None = None  # int64 ids before `start` (Engram history)
         self.positions = torch.arange(length, device=device).repeat(batch)
+        self.rope = RopeRows(self.positions)
         self.floor = torch.zeros_like(self.positions)  # per row: first position its window may read
         self.hit = 0  # encoder replay: positions < hit keep the cached compressed KV
         self.compressed: dict[int, torch.Tensor] = {}  # KV source -> bf16 [B * T // r, D] (FP4 grid)
@@ -99,6 +101,9 @@ class DenseKV:
         return kv
 
     # ------------------------------------------------------------------ rows
+    def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rope(rotary)
+
     def logits_rows(self) -> torch.Tensor:
         """Every row from the hit on (replay rows have no logits)."""
         return torch.nonzero(self.positions >= self.hit).flatten()
@@ -131,6 +136,7 @@ class DenseKV:
         if self.batch > 1:
             raise NotImplementedError("a batch runs every row through every layer")
         self.positions = self.positions[keep]
+        self.rope = RopeRows(self.positions)
         self.floor = torch.maximum(self.floor[keep], self._tail_floor[keep])
 
     # ------------------------------------------------------------------ keys

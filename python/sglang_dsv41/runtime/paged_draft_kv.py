@@ -69,6 +69,9 @@ class PagedDraftKV:
             rows = self.table[req, p.clamp(max=self.table.size(1) - 1)]
         return torch.where(ok, rows, -1)
 
+    def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.freqs(self.positions)
+
     def add_context(self, attn, kv: torch.Tensor, freqs) -> None:
         norm = attn.kv_norm
         slots = self._slots(self.req, self.positions)

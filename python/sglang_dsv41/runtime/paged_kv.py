@@ -27,6 +27,7 @@ import torch
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.engram_hash import EngramHasher
+from sglang_dsv41.layers.rope import RopeRows
 from sglang_dsv41.runtime.batch import Batch, writer_rows
 from sglang_dsv41.runtime.pools import KVPools
 
@@ -63,6 +64,7 @@ class PagedKV:
         """Verify batches: ratio-2 source -> (kv, score) fp32 [N, D] of every row (what a commit parks)."""
 
     def _rows_changed(self) -> None:
+        self.rope = RopeRows(self.positions)
         self.window_slots, self.window_out = self._window_slots()
         if self.live is not None:
             self.window_out = torch.where(self.live, self.window_out, -1)
@@ -70,6 +72,9 @@ class PagedKV:
         self.comp_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index source -> (topk, slots [N, K])
 
     # ------------------------------------------------------------------ rows
+    def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rope(rotary)
+
     def logits_rows(self) -> torch.Tensor:
         return self.logits
 
