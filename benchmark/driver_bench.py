@@ -13,14 +13,17 @@ decode ops are counted once, at capture). Decode runs as one captured CUDA graph
 unless --no-graph.
 --sweep B1,B2: decode steps of B requests at --context cached tokens without a prefill (the pools
   are filled with finite random bytes, tokens teacher-forced): the driver loop with graphs, the
-  graph replay alone, the fixed-shape step run eagerly, and the eager step (--no-graph's path).
+  graph replay alone, the serving path's step (runtime.decode_graphs.DecodeGraphSet: a static decode
+  batch as the SGLang adapter builds it, loaded into its bucket's graph and replayed; host work
+  included, no token read), the fixed-shape step run eagerly, and the eager step (--no-graph's path).
 --check (CUDA): host syncs of one step (torch.cuda.set_sync_debug_mode) for the eager and the
   fixed-shape step, and graph replay vs the eager fixed-shape step vs the eager step, bitwise, over
   a short real prefill + decode.
 --dspark [--simulate-accept-len X]: DSpark speculative decoding vs plain decode per batch size of --sweep
   (or --prompts), graphs and eager, random weights with X tokens committed per verify (dspark_bench.py).
 --profile (CUDA): torch.profiler of one graph replay and one eager fixed-shape step per sweep batch,
-  and (end to end) of one prompt's prefill: the ops with the most device time.
+  and (end to end) of one prompt's prefill: the ops with the most device time; --kernel-order N adds
+  the replay's first N kernels in launch order (what one layer launches).
 Everything printed is also written to <results-dir>/<date>-<device>-decode-graph.md (with --sweep /
 --check / --profile) or appended to <date>-<device>-driver.md, with the date, device and command.
 """
@@ -44,6 +47,8 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel"), str(ROOT / "benc
 
 from roofline import decode_bytes, measure_ceilings, prefill_flops  # noqa: E402
 from sglang_dsv41.checkpoint.loader import load_model  # noqa: E402
+from sglang_dsv41.runtime.batch import Batch  # noqa: E402
+from sglang_dsv41.runtime.decode_graphs import DecodeGraphSet, GraphBuckets  # noqa: E402
 from sglang_dsv41.runtime.driver import Driver, Sequence, random_prompts  # noqa: E402
 from sglang_dsv41.runtime.graph import DecodeGraph  # noqa: E402
 from sglang_dsv41.numerics import NumericsPolicy, apply_numerics  # noqa: E402
@@ -107,6 +112,28 @@ def event_ms(fn, reps: int) -> float:
     return s.elapsed_time(e) / reps
 
 
+def serving_path_ms(drv: Driver, g: DecodeGraph, seqs, context: int, steps: int) -> float:
+    """ms per decode step of the serving path's graph set (the adapter's runtime part): the static decode
+    batch the adapter builds from SGLang's batch (one row per request, its token table, n-gram history),
+    `DecodeGraphSet.forward` = load into the bucket's graph + replay; wall time over `steps` steps."""
+    dev, B = drv.device, len(seqs)
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+    pos, rows = t([context - 1] * B), torch.arange(B, device=dev)
+    batch = Batch(input_ids=t([s.tokens[context - 1] for s in seqs]), positions=pos, req_index=rows,
+                  req_slots=t([s.req_slot for s in seqs]), prefix_lens=pos, extend_lens=torch.ones_like(pos),
+                  token_table=g.token_table.clone(), history=t([s.tokens[context - 1 - g.hw: context - 1] for s in seqs]),
+                  logits_rows=rows, seq_capacity=g.capacity, static=True)
+    graphs = DecodeGraphSet(drv.runtime, GraphBuckets((B,), (g.capacity,)), g.hw, scratch_slots=drv.page_size)
+    graphs.forward(batch, context)  # capture
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        graphs.forward(batch, context)
+    sync(dev)
+    assert not graphs.fallbacks, graphs.fallbacks
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def top_ops(prof, n: int = 12) -> tuple[float, list, str, list]:
     """(device ms in all, the n largest (kernel, launches, ms), a line on launch counts, every small kernel
     (kernel, launches, ms) by launches). Only kernels: a
@@ -120,6 +147,13 @@ def top_ops(prof, n: int = 12) -> tuple[float, list, str, list]:
             f"{len(small)} kernels) average under {SMALL_US} us, {sum(e.self_device_time_total for e in small) / 1e3:.2f} ms in all")
     return total, [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in evs[:n]], line, \
         [(e.key[:160], e.count, e.self_device_time_total / 1e3) for e in small]
+
+
+def launch_order(prof) -> list[tuple[str, float]]:
+    """(kernel name up to 90 characters, us) of every device kernel of a profile, in start order."""
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    evs.sort(key=lambda e: e.time_range.start)
+    return [(e.name[:90], e.time_range.elapsed_us()) for e in evs]
 
 
 SMALL_US = 5
@@ -151,6 +185,7 @@ def sweep(a, model, table, dev, ceil) -> None:
         experts = active_experts(g.out)
         replay_ms = event_ms(g.graph.replay, steps) if g.graph is not None else float("nan")
         floor, b = decode_floor(model, ceil, B, ctx, experts)
+        set_ms = serving_path_ms(drv, g, seqs, ctx, steps)
         static = DecodeGraph(drv.runtime, B, g.capacity, g.hw, capture=False)
         static.set_table(g.token_table)
         reset(seqs, ctx)
@@ -167,6 +202,7 @@ def sweep(a, model, table, dev, ceil) -> None:
         e_ms = loop_ms(drv, seqs, ctx, a.eager_steps, tlist, None)
         gb = f"{floor:.3f} ({b['weights'] / 1e9:.2f} + {b['kv'] / 1e9:.2f})"
         for path, ms in (("graph, driver loop", g_ms), ("graph replay only", replay_ms),
+                         ("serving path (graph set: load + replay)", set_ms),
                          ("fixed shapes, eager", static_ms), ("eager (--no-graph)", e_ms)):
             say(f"| {B} | {path} | {ms:.2f} | {B / ms * 1e3:.0f} | {gb} | {ms / floor:.1f} |")
         if a.profile and dev == "cuda":
@@ -183,6 +219,13 @@ def sweep(a, model, table, dev, ceil) -> None:
                 say("|---|---|---|---|")
                 for name, calls, ms in rows:
                     say(f"| `{name.replace('|', '/')}` | {calls} | {ms:.3f} | {ms / max(total, 1e-9):.0%} |")
+                if what == "graph replay" and a.kernel_order:
+                    order = launch_order(prof)
+                    say(f"\nThe first {min(a.kernel_order, len(order))} of the replay's {len(order)} kernels in launch order:\n")
+                    say("| # | kernel | us |")
+                    say("|---|---|---|")
+                    for i, (name, us) in enumerate(order[: a.kernel_order]):
+                        say(f"| {i} | `{name.replace('|', '/')}` | {us:.1f} |")
                 if what == "graph replay":
                     say(f"\nSmall kernels (under {SMALL_US} us a launch) by launches, the first {SMALL_ROWS}:\n")
                     say("| kernel | launches | ms |")
@@ -377,6 +420,8 @@ def main() -> None:
     ap.add_argument("--check-len", type=int, default=1000)
     ap.add_argument("--check-decode", type=int, default=6)
     ap.add_argument("--profile", action="store_true", help="CUDA: top ops of one step per sweep batch")
+    ap.add_argument("--kernel-order", type=int, default=0, metavar="N",
+                    help="with --profile: the first N kernels of the graph replay in launch order")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmark" / "results"))
     ap.add_argument("--dspark", action="store_true", help="DSpark speculative decode vs plain decode, graphs and eager, "

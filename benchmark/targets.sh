@@ -1,6 +1,7 @@
 #!/bin/bash
-# Issue 10's targets in one run on one CUDA machine (< 560 s): device/versions, the kernel target rows
-# (kernels.py --targets), the driver decode sweep at batch 8 / 64 with profiles and the 8 x 8K prefill
+# Issue 32's targets in one run on one CUDA machine (< 560 s): device/versions, the kernel target rows
+# (kernels.py --targets), the driver decode sweep at batch 8 / 64 with profiles (serving-path graph set beside
+# the driver's graph, the first kernels of a replay in launch order) and the 8 x 8K prefill
 # (driver_bench.py), Nsight Compute of every target kernel (kernel_limits.py under ncu), then the
 # table OUTDIR/targets.md (targets_report.py). Every part runs in its own process under `timeout`,
 # writes OUTDIR/<part>.log and a line "<part> <exit code> <seconds>" to OUTDIR/status.txt; a failed part
@@ -34,7 +35,7 @@ cat "$out/env.txt"
 
 part kernels 150 python3 benchmark/kernels.py --targets --json "$out/kernels.json" --out "$out/kernels.md"
 part driver 260 python3 benchmark/driver_bench.py --preset bench --fast-weights --sweep 8,64 --context 8192 --steps 8 \
-  --eager-warmup 2 --eager-steps 1 --profile --prompts 8 --prompt-len 8192 --decode 16 --warmup --results-dir "$out"
+  --eager-warmup 2 --eager-steps 1 --profile --kernel-order 120 --prompts 8 --prompt-len 8192 --decode 16 --warmup --results-dir "$out"
 if command -v ncu > /dev/null; then
   # stdout: ncu's CSV (kernel_limits.py writes its progress to stderr, kept in ncu.log)
   t0=$SECONDS
