@@ -80,6 +80,63 @@ def test_layer_transformations_keep_bits(tiny_model):
     assert torch.equal(_bits(c2), _bits(cos)) and torch.equal(_bits(s2), _bits(sin))
 
 
+def test_fused_shared_expert_keeps_bits(tiny_model):
+    """The kernels policy's [w1; w3] GEMM of the shared expert (linear.FusedRows): the same bits as two
+    GEMMs, the parts' parameters views of the stacked weight (nothing held twice), and a replaced
+    parameter falls back to the two GEMMs instead of using stale bytes."""
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.numerics import NumericsPolicy
+
+    se = tiny_model.layers[0].ffn.shared_experts
+    x = (torch.randn(5, tiny_model.cfg.hidden_size) * 2).bfloat16()
+    w = torch.rand(5, 1)
+    with torch.inference_mode():
+        want = se(x, w)
+        g, u = se.w1(x), se.w3(x)
+    se.apply_numerics(NumericsPolicy.kernels(OpTable.twins()), {})
+    fused = se.__dict__["_w13"]
+    kept = se.w3.weight.data
+    try:
+        assert fused.holds() and se.w3.weight.data_ptr() == fused.weight[se.w1.out_features].data_ptr()
+        with torch.inference_mode():
+            assert torch.equal(_bits(se(x, w)), _bits(want))
+            g2, u2 = fused(x)
+        assert torch.equal(_bits(g2), _bits(g)) and torch.equal(_bits(u2), _bits(u))
+        with torch.no_grad():
+            se.w3.weight.data = se.w3.weight.data.clone()
+            se.w3.weight.data[0, 0] = 0.0
+        assert not fused.holds()
+        with torch.inference_mode():
+            assert torch.equal(_bits(se.gate_up(x)[1]), _bits(se.w3(x)))
+    finally:
+        se.w3.weight.data = kept  # the fixture model is shared: its bytes back
+        se.apply_numerics(NumericsPolicy.exact(), {})
+    assert "_w13" not in se.__dict__
+    with torch.inference_mode():
+        assert torch.equal(_bits(se(x, w)), _bits(want))
+
+
+def test_fused_attention_projection_keeps_bits(tiny_model):
+    """The kernels policy's [wq_a; wkv] GEMM (Attention.project): the same bits as the two GEMMs, gone
+    under the exact policy."""
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.numerics import NumericsPolicy
+
+    attn = tiny_model.layers[3].attn
+    x = (torch.randn(7, tiny_model.cfg.hidden_size) * 2).bfloat16()
+    with torch.inference_mode():
+        want = attn.wq_a(x), attn.wkv(x)
+    attn.apply_numerics(NumericsPolicy.kernels(OpTable.twins()), {})
+    try:
+        assert attn.__dict__["_qkv"].holds()
+        with torch.inference_mode():
+            got = attn.project(x)
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(got, want))
+    finally:
+        attn.apply_numerics(NumericsPolicy.exact(), {})
+    assert "_qkv" not in attn.__dict__
+
+
 @pytest.mark.interp
 def test_kernels_under_interpreter():
     pytest.importorskip("triton")

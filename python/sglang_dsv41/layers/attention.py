@@ -26,7 +26,7 @@ from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.dense_attention import list_attention, masked_attention
 from sglang_dsv41.layers.indexer import Indexer
 from sglang_dsv41.layers.kv import KV
-from sglang_dsv41.layers.linear import FP8Linear
+from sglang_dsv41.layers.linear import FP8Linear, FusedRows
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.rope import Rotary, apply_rope
 from sglang_dsv41.numerics import Slot
@@ -67,8 +67,9 @@ class Attention(nn.Module):
         Records this layer's top-k / candidates in `dec` (index sources); `replay` forces them."""
         role = self.role
         freqs = kv.freqs(self.rotary)
-        q, qr = self.query(x, freqs)
-        kv.store_window(self, self.wkv(x), freqs)
+        qa, kv_x = self.project(x)
+        q, qr = self.query(qa, freqs)
+        kv.store_window(self, kv_x, freqs)
         topk = None
         if role.compress_ratio:
             if role.is_kv_source:
@@ -94,9 +95,17 @@ class Attention(nn.Module):
         sel = replay.forced("topk", lid) if replay is not None else None
         dec.topk[lid] = ix.select_topk(scores, c.index_topk) if sel is None else sel.to(scores.device, torch.int32)
 
-    def query(self, x: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] bf16 -> (q [T, h, D] bf16 rotated, qr [T, q_lora] bf16 normed)."""
-        qr = self.q_norm(self.wq_a(x))
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] bf16 -> (wq_a(x) [T, q_lora], wkv(x) [T, D]) bf16: one GEMM over [wq_a; wkv] where the
+        kernels policy fused them (`apply_numerics`, `linear.FusedRows`; same bits per column), else two."""
+        fused = self.__dict__.get("_qkv")
+        if fused is not None and fused.holds():
+            return fused(x)
+        return self.wq_a(x), self.wkv(x)
+
+    def query(self, qa: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """qa [T, q_lora] bf16 = wq_a(x) -> (q [T, h, D] bf16 rotated, qr [T, q_lora] bf16 normed)."""
+        qr = self.q_norm(qa)
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
         return self.rope(q, *freqs), qr
 
@@ -113,11 +122,16 @@ class Attention(nn.Module):
         return self.kv_qdq(self.rope(latent, *group_freqs))
 
     def apply_numerics(self, policy, shared: dict) -> None:
-        """Policy hook (numerics.apply_numerics), same bits: under kernels `wo_a` is kept dequantized;
+        """Policy hook (numerics.apply_numerics), same bits: under kernels `wo_a` is kept dequantized and
+        wq_a / wkv run as one GEMM (`project`);
         with `policy.rope_table` on CUDA the RoPE rows come from one device table per kind (shared
         by the layers: `shared`), over positions 0 .. max_position_embeddings - 1."""
         if hasattr(self.wo_a, "keep_dequantized"):
             self.wo_a.keep_dequantized(policy.table is not None)
+        self.__dict__.pop("_qkv", None)
+        fused = FusedRows.of([self.wq_a, self.wkv]) if policy.table is not None else None
+        if fused is not None:
+            self.__dict__["_qkv"] = fused
         dev = self.attn_sink.device
         if not policy.rope_table or dev.type != "cuda":
             self.rotary.use_table(None)

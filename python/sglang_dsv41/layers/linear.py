@@ -69,6 +69,52 @@ class FP8Linear(nn.Module):
                 self.__dict__["_dequantized"] = self.dequantized()
 
 
+class FusedRows:
+    """Transformation: the FP8Linear parts that read one input as one GEMM over their weights stacked
+    along N (every part's out_features a multiple of the block, equal in_features). The parts' weight /
+    scale become views of the stacked tensors (nothing is held twice, and in-place weight updates reach
+    both); an output element's arithmetic does not depend on the other rows of the weight, so each
+    part's columns are its own GEMM's. Not a module: the checkpoint names stay the parts'."""
+
+    @staticmethod
+    def of(parts: list) -> "FusedRows | None":
+        """The fused GEMM of `parts`, or None where they cannot share one (not all FP8Linear on one device,
+        block sizes or in_features differ, an out_features not a multiple of the block)."""
+        first = parts[0]
+        if not all(isinstance(p, FP8Linear) for p in parts) or any(
+                p.block != first.block or p.in_features != first.in_features or p.out_features % p.block
+                or p.weight.device != first.weight.device for p in parts):
+            return None
+        return FusedRows(parts)
+
+    def __init__(self, parts: list[FP8Linear]):
+        blk = parts[0].block
+        self.parts, self.widths = parts, [p.out_features for p in parts]
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = torch.cat([p.weight.data for p in parts])
+            self.scale = torch.cat([p.scale.data for p in parts])
+            n0 = 0
+            for p, n in zip(parts, self.widths):
+                p.weight.data, p.scale.data = self.weight[n0:n0 + n], self.scale[n0 // blk:(n0 + n) // blk]
+                n0 += n
+        self.gemm, self.block = parts[0].gemm, blk  # the parts' (numerics-policy) GEMM
+
+    def holds(self) -> bool:
+        """Whether every part's parameters are still views of the stacked tensors (a replaced parameter
+        makes the fused GEMM stale)."""
+        n0 = 0
+        for p, n in zip(self.parts, self.widths):
+            if (p.weight.data_ptr() != self.weight[n0].data_ptr() or p.scale.data_ptr() != self.scale[n0 // self.block].data_ptr()
+                    or p.gemm is not self.gemm):
+                return False
+            n0 += n
+        return True
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., K] -> each part's bf16 output [..., N_i] (column slices of one GEMM's output)."""
+        return self.gemm(x, self.weight, self.scale, self.block).split(self.widths, dim=-1)
+
+
 class MXFP4Linear(nn.Module):
     numerics_slots = {"gemm": Slot("gemm", kernel="fp4_linear")}
     gemm = staticmethod(fp4_linear)  # (x, weight_packed, scale) -> bf16

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from sglang_dsv41.config import ModelConfig
-from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, FP8Linear, MXFP4Linear, fp32_linear
+from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, FP8Linear, FusedRows, MXFP4Linear, fp32_linear
 from sglang_dsv41.numerics import Slot
 from sglang_dsv41.quant import exact_value, fp4_linear, mxfp4_qdq_ste, mxfp8_qdq_ste, quant_mxfp4
 from sglang_dsv41.shared_math import moe_combine as combine
@@ -68,9 +68,25 @@ class Expert(nn.Module):
     numerics_slots = {"swiglu": Slot("moe", kernel="swiglu")}
     swiglu = staticmethod(swiglu_cast)  # (g, u bf16 [t, I], limit, weight [t, 1] | None) -> bf16 [t, I]
 
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [t, H] bf16 -> (w1(x), w3(x)) bf16 [t, I]: one GEMM over [w1; w3] where the kernels policy
+        fused them (`apply_numerics`; same bits per column), else two."""
+        fused = self.__dict__.get("_w13")
+        if fused is not None and fused.holds():
+            return fused(x)
+        return self.w1(x), self.w3(x)
+
+    def apply_numerics(self, policy, shared: dict) -> None:
+        """Policy hook (numerics.apply_numerics): under kernels an FP8 expert (the shared one) runs w1 and
+        w3 as one GEMM (`linear.FusedRows`: their weights become views of one stacked tensor)."""
+        self.__dict__.pop("_w13", None)
+        fused = FusedRows.of([self.w1, self.w3]) if policy.table is not None else None
+        if fused is not None:
+            self.__dict__["_w13"] = fused
+
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """x [t, H] bf16, weight [t, 1] fp32 or None -> bf16 [t, H]."""
-        return self.w2(self.swiglu(self.w1(x), self.w3(x), self.limit, weight))
+        return self.w2(self.swiglu(*self.gate_up(x), self.limit, weight))
 
 
 def routing_order(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -72,7 +72,7 @@ class ParallelMoE(MoE):
         se = self.shared_experts
         if not self.split_shared:
             return se(x)[..., self.cols[0]:self.cols[1]]
-        return se.w2(se.swiglu(se.w1(x), se.w3(x), se.limit))
+        return se.w2(se.swiglu(*se.gate_up(x), se.limit))
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
                 image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
