@@ -155,12 +155,12 @@ def driver_cells(rid: str, drv: dict, why: str) -> tuple[str, str, str, str]:
         limits = f"profile of one graph replay: {costs_text(prof)}" if prof else f"no profile ({why})"
         if rid == "launches":
             if "launches" not in d:
-                return f"not measured (part driver: {why})", "-", "-", limits
+                return f"not measured (part driver failed: {why})", "-", "-", limits
             n, small, kinds, us, ms = d["launches"]
             return (f"**{n:,.0f}** ({small:,.0f} of them in {kinds:.0f} kernels under {us:.0f} us, {ms:.2f} ms)", "-",
                     "yes" if n <= TARGET[rid] else "missed", limits)
         if "serving_ms" not in d or "loop_ms" not in d:
-            return f"not measured (part driver: {why})", "-", "-", limits
+            return f"not measured (part driver failed: {why})", "-", "-", limits
         x = d["serving_ms"] / d["loop_ms"]
         return (f"**{x:.2f}x** (batch 8: {d['serving_ms']:.2f} ms load + replay vs {d['loop_ms']:.2f} ms driver loop; "
                 f"graph replay alone {d.get('replay_ms', float('nan')):.2f} ms)", "-",

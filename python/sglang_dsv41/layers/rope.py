@@ -90,16 +90,18 @@ def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.T
 
 
 class RopeRows:
-    """The (cos, sin) rows of one forward's positions per RoPE kind, looked up once per kind and forward
-    instead of once per layer (a KV object holds one for its current rows; a new one after a narrowing)."""
+    """The (cos, sin) rows of a forward's current positions per RoPE kind, looked up once per kind instead of
+    once per layer (a KV object holds one; a new positions tensor, after a narrowing or a replay's
+    re-rowing, starts a new memo)."""
 
-    def __init__(self, positions: torch.Tensor):
-        self.positions = positions
+    def __init__(self):
+        self.positions: torch.Tensor | None = None
         self._rows: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, rotary: Rotary, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions is not self.positions:
+            self.positions, self._rows = positions, {}
         key = rotary.table_key
         if key not in self._rows:
-            self._rows[key] = rotary.freqs(self.positions)
+            self._rows[key] = rotary.freqs(positions)
         return self._rows[key]
-

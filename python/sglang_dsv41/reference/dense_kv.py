@@ -72,7 +72,7 @@ class DenseKV:
         self.start = 0
         self.prefix_ids: torch.Tensor | None = None  # int64 ids before `start` (Engram history)
         self.positions = torch.arange(length, device=device).repeat(batch)
-        self.rope = RopeRows(self.positions)
+        self.rope = RopeRows()
         self.floor = torch.zeros_like(self.positions)  # per row: first position its window may read
         self.hit = 0  # encoder replay: positions < hit keep the cached compressed KV
         self.compressed: dict[int, torch.Tensor] = {}  # KV source -> bf16 [B * T // r, D] (FP4 grid)
@@ -102,7 +102,7 @@ class DenseKV:
 
     # ------------------------------------------------------------------ rows
     def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope(rotary)
+        return self.rope(rotary, self.positions)
 
     def logits_rows(self) -> torch.Tensor:
         """Every row from the hit on (replay rows have no logits)."""
@@ -136,7 +136,6 @@ class DenseKV:
         if self.batch > 1:
             raise NotImplementedError("a batch runs every row through every layer")
         self.positions = self.positions[keep]
-        self.rope = RopeRows(self.positions)
         self.floor = torch.maximum(self.floor[keep], self._tail_floor[keep])
 
     # ------------------------------------------------------------------ keys

@@ -46,6 +46,7 @@ class PagedKV:
         self.decoder_replay = decoder_replay
         # current rows (all of the batch; after a decoder-tail narrowing, the kept ones)
         self.positions = batch.positions
+        self.rope = RopeRows()
         self.req = batch.req_index  # int64 [N] request of each row
         self.out_slots = batch.out_slots  # int64 [N] pool slot each row writes (compressed KV)
         self.logits = batch.logits_rows
@@ -64,7 +65,6 @@ class PagedKV:
         """Verify batches: ratio-2 source -> (kv, score) fp32 [N, D] of every row (what a commit parks)."""
 
     def _rows_changed(self) -> None:
-        self.rope = RopeRows(self.positions)
         self.window_slots, self.window_out = self._window_slots()
         if self.live is not None:
             self.window_out = torch.where(self.live, self.window_out, -1)
@@ -73,7 +73,7 @@ class PagedKV:
 
     # ------------------------------------------------------------------ rows
     def freqs(self, rotary) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope(rotary)
+        return self.rope(rotary, self.positions)
 
     def logits_rows(self) -> torch.Tensor:
         return self.logits
