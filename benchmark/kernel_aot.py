@@ -8,7 +8,9 @@ reports registers and spills, and the IR says whether the loop's loads became as
 Columns: registers per thread and spill bytes (ptxas -v), shared memory per program, `cp.async` in the
 PTX (pipelined loads), `ld.global` (loads left in place), warpgroup MMAs in the loop body and the
 `pendings` of every `warp_group_dot_wait` after them (0 = the MMA finished before the next line runs),
-and `mma.sync` instructions (the pre-Hopper MMA, used where a tile is too small for a warpgroup MMA).
+and `mma.sync` instructions (the pre-Hopper MMA, used where a tile is too small for a warpgroup MMA);
+IEEE divisions / square roots (`div.rn`, `sqrt.rn`) and approximate ones (`div.full`, `.approx`) in the PTX
+(the router and SwiGLU kernels must have only IEEE ones: torch CUDA's bits).
 Integer arguments are specialised as at run time for these shapes (divisible by 16 where the real call's
 are). The Triton that is imported compiles: with the H200's (3.6.0) the registers equal Nsight Compute's
 there (113 / 102 for the two decode MoE launches, 39 for the dense fold; results/2026-12-02-sm90a-aot-
@@ -47,6 +49,14 @@ ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", k_ptr="*bf16", ws_ptr="
                   cs_st="i32", sink_ptr="*fp32", scale="fp32", out_ptr="*bf16", po_ptr="*fp32", pm_ptr="*fp32", W="i32",
                   K="i32", H="i32", run_max_start="fp32")
 ATTN_ODD = {"H"}
+ROUTE_TYPES = dict(z_ptr="*fp32", z_rs="i32", b_ptr="*fp32", b_rs="i32", f_ptr="*i64", w_ptr="*fp32", id_ptr="*i64",
+                   E="i32", scale="fp32")
+ROUTE_ODD = {"E", "b_rs"}
+SWIGLU_TYPES = dict(g_ptr="*bf16", g_rs="i32", u_ptr="*bf16", u_rs="i32", w_ptr="*fp32", out_ptr="*i16", out_rs="i32",
+                    N="i32", limit="fp32")
+SWIGLU_ODD: set = set()
+NO_FUSION = {"_block_partials_kernel", "_route_kernel", "_swiglu_kernel"}
+"""Kernels launched with NO_FMA (enable_fp_fusion=False), compiled the same way here."""
 
 
 def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int) -> dict:
@@ -55,7 +65,7 @@ def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: i
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name not in const and name not in odd and types[name] != "fp32"}
     c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=warps, num_stages=stages))
+                       options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=fn.__name__ not in NO_FUSION))
     ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as d:
@@ -68,7 +78,8 @@ def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: i
     return dict(regs=int(regs.group(1)) if regs else -1, spill=int(spill.group(1)) if spill else -1,
                 smem=getattr(c.metadata, "shared", -1), cp_async=ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
                 ld_global=len(re.findall(r"\bld\.global", ptx)), wgmma=body.count("ttng.warp_group_dot "),
-                mma_sync=ptx.count("mma.sync"),
+                mma_sync=ptx.count("mma.sync"), ieee=ptx.count("div.rn.f32") + ptx.count("sqrt.rn.f32"),
+                approx=ptx.count("div.full.f32") + ptx.count("div.approx") + ptx.count("sqrt.approx"),
                 waits=re.findall(r"warp_group_dot_wait .*?pendings = (\d+)", body))
 
 
@@ -98,6 +109,12 @@ def cases():
         const = dict(D=512, HB=hb, SPLITS=splits, KB=kb, STAGES=stages, DOT_T=tl.bfloat16)
         out.append((f"_attn_kernel decode (gathered keys), {t} rows x 64 heads, 128 + 512 keys",
                     attention_triton._attn_kernel, ATTN_TYPES, ATTN_ODD, const, warps, stages))
+    from dsv41_kernels import router_triton
+
+    out.append(("_route_kernel, 384 experts top-6 (release router)", router_triton._route_kernel, ROUTE_TYPES, ROUTE_ODD,
+                dict(K=6, KP=8, BE=512, NORM=True, FORCED=False), 4, 1))
+    out.append(("_swiglu_kernel, shared expert h", router_triton._swiglu_kernel, SWIGLU_TYPES, SWIGLU_ODD,
+                dict(HAS_W=False, CLAMP=True, BLOCK=1024), 4, 1))
     return out
 
 
@@ -109,13 +126,15 @@ def main() -> None:
         ap.error(f"--out: the folder of {a.out!r} does not exist")
     lines = [f"triton {triton.__version__}, target sm_90a (compiled on a CPU machine; no GPU ran)", "",
              "| kernel | constexprs | warps / stages | registers | spill B | smem B | cp.async | ld.global | "
-             "warpgroup MMAs in loop | wait pendings | mma.sync |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "warpgroup MMAs in loop | wait pendings | mma.sync | IEEE div / sqrt | approximate div / sqrt |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for name, fn, types, odd, const, warps, stages in cases():
         r = compile_kernel(fn, types, odd, const, warps, stages)
         waits = ",".join(r["waits"]) if r["waits"] else "-"
         row = (f"| {name} | {', '.join(f'{k}={v}' for k, v in const.items())} | {warps} / {stages} | {r['regs']} | "
-               f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} | {r['mma_sync']} |")
+               f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} | {r['mma_sync']} | "
+               f"{r['ieee']} | {r['approx']} |")
         print(row, flush=True)
         lines.append(row)
     if a.out:
