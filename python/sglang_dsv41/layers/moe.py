@@ -60,13 +60,13 @@ class Gate(nn.Module):
 class Expert(nn.Module):
     """SwiGLU FFN; `linear` is MXFP4Linear (routed) or FP8Linear (shared)."""
 
+    numerics_slots = {"swiglu": Slot("moe", kernel="swiglu")}
+    swiglu = staticmethod(swiglu_cast)  # (g, u bf16 [t, I], limit, weight [t, 1] | None) -> bf16 [t, I]
+
     def __init__(self, hidden: int, inter: int, linear: type, swiglu_limit: float):
         super().__init__()
         self.w1, self.w2, self.w3 = linear(hidden, inter), linear(inter, hidden), linear(hidden, inter)
         self.limit = swiglu_limit
-
-    numerics_slots = {"swiglu": Slot("moe", kernel="swiglu")}
-    swiglu = staticmethod(swiglu_cast)  # (g, u bf16 [t, I], limit, weight [t, 1] | None) -> bf16 [t, I]
 
     def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [t, H] bf16 -> (w1(x), w3(x)) bf16 [t, I]: one GEMM over [w1; w3] where the kernels policy
