@@ -429,6 +429,8 @@ def main() -> None:
     ap.add_argument("--simulate-accept-len", type=float, default=3.0,
                     help="--dspark on random weights: committed tokens per verify (forced acceptance)")
     a = ap.parse_args()
+    if a.kernel_order < 0:
+        ap.error(f"--kernel-order must be >= 0, got {a.kernel_order}")
     if a.dspark:
         import dspark_bench
 
