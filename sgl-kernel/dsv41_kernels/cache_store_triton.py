@@ -45,6 +45,7 @@ from dsv41_kernels.triton_numerics import (
     pow2_ceil,
     rms_rstd,
     snap12,
+    sumsq_chunks,
 )
 from sglang_dsv41.reduction import cascade_step
 
@@ -176,7 +177,7 @@ def _f16x2_bits(m2):
 def _window_kv_store_kernel(
     kv_ptr, kv_rs, w_ptr, cos_ptr, sin_ptr, cs_rs, slot_ptr, pool_ptr, pool_rs, eps, n,
     D: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, FAST: tl.constexpr,
-    SS_STEP: tl.constexpr,
+    SS_STEP: tl.constexpr, SS_G: tl.constexpr,
 ):
     NP: tl.constexpr = D // 2
     NG: tl.constexpr = SEG // 32
@@ -188,7 +189,7 @@ def _window_kv_store_kernel(
     dst = pool_ptr + (slot * pool_rs)[:, None, None, None]
     cs = (r * cs_rs)[:, None, None, None]
     # RMSNorm statistic (reduction.mean_square): fp32 sum of squares in the fixed order, fp32 rstd
-    ss = ordered_sumsq(kv_ptr + rows[:, None, None], (slot >= 0)[:, None, None], D, SS_STEP)
+    ss = ordered_sumsq(kv_ptr + rows[:, None, None], (slot >= 0)[:, None, None], D, SS_STEP, SS_G)
     rstd = rms_rstd(ss, D * 1.0, eps)[:, None, None, None]
     for i in tl.static_range(0, DP // SEG):
         S0 = i * SEG
@@ -336,7 +337,7 @@ def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: in
         w = w.clone()
     _window_kv_store_kernel[(triton.cdiv(n, rows),)](
         kv, kv.stride(0), w, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), float(eps), n,
-        SS_STEP=cascade_step(d // 32), **_meta(d, cos, rows, num_warps, seg, 32, portable),
+        SS_STEP=cascade_step(d // 32), SS_G=sumsq_chunks(d, cascade_step(d // 32)), **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
 
 

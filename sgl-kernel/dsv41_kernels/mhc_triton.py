@@ -2,8 +2,8 @@
 stream collapse / expand (end of file).
 
 Per row: the sum of squares of the n*H stream values in `reduction.ordered_sum`'s order
-(`_sumsq_chunked`, below), rstd = rsqrt(sum / D + norm_eps) (`rms_rstd`), the (2+n)n mixes times rstd, times
-their part's scale, plus base; pre / post through the sigmoid; the n x n Sinkhorn held in registers
+(`triton_numerics.ordered_sumsq`), rstd = rsqrt(sum / D + norm_eps) (`rms_rstd`), the (2+n)n mixes
+times rstd, times their part's scale, plus base; pre / post through the sigmoid; the n x n Sinkhorn held in registers
 as an [ROWS, NP, NP] tile (NP = next power of two >= n; padded entries are never read back). Each
 row or column sum is an explicit chain of adds of single entries picked out of the tile (a pick is a
 sum of one value and zeros, hence exact), so it adds in the twin's order. Launched without FMA
@@ -11,13 +11,6 @@ contraction, every division IEEE (`div_rn`), so that it equals the twin bit for 
 (test/kernels/test_mhc_gpu.py).
 
 Transcendentals (exp, sigmoid): `transcendentals.py`, torch's bits on each device.
-
-The statistic. `triton_numerics.ordered_sumsq` unrolls all D / 32 row loads, and Triton's coalescing
-pass takes time quadratic in the number of loads: measured for sm_90 on a 2-core CPU, D = 5120
-compiled in 12.5 s and D = 20480 (the mHC width) in 205 s. `_sumsq_chunked` adds in the same order
-(same bits) but loops over the cascade's full chunks of STEP rows, G chunks per iteration: the G
-chunk sums (level 0 of the cascade) are independent, so G * STEP loads are issued per iteration, and
-their sums then enter level 1 one chunk at a time in chunk order.
 """
 
 from __future__ import annotations
@@ -28,51 +21,15 @@ import triton.language as tl
 
 from dsv41_kernels.mhc import hc_mult, mhc_collapse, mhc_expand, mhc_gates
 from dsv41_kernels.transcendentals import exp_f32, sigmoid_f32
-from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, max_nan, rms_rstd, sumsq_finish
+from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, max_nan, ordered_sumsq, rms_rstd,
+                                           sumsq_chunks)
 from sglang_dsv41.reduction import cascade_step
+
 
 @triton.jit
 def _pick(v, idx, i: tl.constexpr, AXIS: tl.constexpr):
     """v[..., i, ...] along AXIS (dropped), as a sum of one value and zeros (exact; +0 for -0)."""
     return tl.sum(tl.where(idx == i, v, 0.0), axis=AXIS)
-
-
-@triton.jit
-def _sumsq_chunked(src, ok, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr):
-    """Sum of squares of D bf16/fp32 elements per row, bitwise `triton_numerics.ordered_sumsq` (the
-    order of `sglang_dsv41.reduction.ordered_sum`). src: pointer [R, 1, 1] to each row's first element
-    (unit stride), ok [R, 1, 1] (masked rows read zeros); D % 32 == 0; STEP = cascade_step(D // 32);
-    G = chunks per loop iteration (power of two). -> fp32 [R]. Row r of 32 elements is a [4, 8] tile
-    (ilp column k, lane l) = s[32r + 8k + l]. Launch with NO_FMA."""
-    tl.static_assert(D % 32 == 0)
-    NROWS: tl.constexpr = D // 32
-    FULL: tl.constexpr = NROWS // STEP
-    col = (tl.arange(0, 4)[:, None] * 8 + tl.arange(0, 8)[None, :])[None]  # [1, 4, 8]
-    zero = tl.zeros(col.shape, tl.float32) + tl.zeros(ok.shape, tl.float32)  # [R, 4, 8]
-    gi = tl.arange(0, G)[None, :, None, None]  # [1, G, 1, 1]
-    zero4 = zero[:, None, :, :] + tl.zeros(gi.shape, tl.float32)  # [R, G, 4, 8]
-    a1 = zero
-    a2 = zero
-    a3 = zero
-    for c0 in range(0, FULL, G):
-        chunk = c0 + gi
-        first = src[:, :, :, None] + chunk * (STEP * 32) + col[:, None, :, :]  # [R, G, 4, 8]
-        live = ok[:, :, :, None] & (chunk < FULL)
-        a0 = zero4
-        for j in tl.static_range(STEP):  # level 0 of G chunks at once: each adds its STEP rows in order
-            x = tl.load(first + j * 32, mask=live, other=0.0).to(tl.float32)
-            a0 = a0 + x * x
-        for g in tl.static_range(G):  # then level 1 (and the pushes up) one chunk at a time
-            valid = c0 + g < FULL
-            a1 = tl.where(valid, a1 + _pick(a0, gi, g, 1), a1)
-            done = (c0 + g + 1) * STEP  # rows consumed
-            up2 = valid & (done % (STEP * STEP) == 0)
-            up3 = up2 & (done % (STEP * STEP * STEP) == 0)
-            a2 = tl.where(up2, a2 + a1, a2)
-            a1 = tl.where(up2, zero, a1)
-            a3 = tl.where(up3, a3 + a2, a3)
-            a2 = tl.where(up3, zero, a2)
-    return sumsq_finish(src, ok, col, zero, a1, a2, a3, FULL * STEP, NROWS)
 
 
 @triton.jit
@@ -93,7 +50,7 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
     [(2+N)N], scale [3] -> pre, post [T, N], comb [T, N, N] contiguous fp32."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = row < T
-    ss = _sumsq_chunked(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
+    ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
     rstd = rms_rstd(ss, D * 1.0, norm_eps)  # [R]
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -152,7 +109,7 @@ def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: f
     if t:
         rows = rows or (1 if t <= 256 else 4)
         step = cascade_step(d // 32)
-        chunks = chunks or min(8, triton.next_power_of_2(max(1, d // 32 // step)))
+        chunks = chunks or sumsq_chunks(d, step)
         _mhc_gates_kernel[(triton.cdiv(t, rows),)](
             x, x.stride(0), mix, mix.stride(0), base.contiguous(), scale.contiguous(), pre, post, comb, t,
             max(int(iters), 1), float(hc_eps), float(norm_eps), N=n, NP=triton.next_power_of_2(n), D=d,

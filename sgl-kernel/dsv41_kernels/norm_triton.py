@@ -11,17 +11,17 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.norm import rms_norm
-from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd
+from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd, sumsq_chunks
 from sglang_dsv41.reduction import cascade_step
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP: tl.constexpr,
-                     ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
+                     G: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
     """x [M, D] (row stride x_rs, unit column stride) -> out [M, D] contiguous."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = row < M
-    ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP)
+    ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
     rstd = rms_rstd(ss, D * 1.0, eps)[:, None]
     for c in tl.static_range(0, D, CH):
         col = c + tl.arange(0, CH)
@@ -49,8 +49,9 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
     out = torch.empty(m, d, dtype=x.dtype, device=x.device)
     if m:
         rows = rows or (1 if m <= 256 else 4)
+        step = cascade_step(d // 32)
         _rms_norm_kernel[(triton.cdiv(m, rows),)](
-            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=cascade_step(d // 32), ROWS=rows,
+            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=sumsq_chunks(d, step), ROWS=rows,
             CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
     return out.view(x.shape)
 

@@ -159,14 +159,15 @@ def test_mean_square_is_batch_invariant():
 
 _INTERP_SCRIPT = r"""
 import sys, torch, triton, triton.language as tl
-from dsv41_kernels.triton_numerics import NO_FMA, ordered_sumsq, rms_rstd
+from dsv41_kernels.triton_numerics import NO_FMA, ordered_sumsq, rms_rstd, sumsq_chunks
 from sglang_dsv41.reduction import cascade_step, mean_square
 
 @triton.jit
-def _k(x_ptr, x_rs, ss_ptr, rs_ptr, n, eps, D: tl.constexpr, R: tl.constexpr, STEP: tl.constexpr):
+def _k(x_ptr, x_rs, ss_ptr, rs_ptr, n, eps, D: tl.constexpr, R: tl.constexpr, STEP: tl.constexpr,
+       G: tl.constexpr):
     r = tl.program_id(0) * R + tl.arange(0, R)
     ok = r < n
-    ss = ordered_sumsq(x_ptr + (r.to(tl.int64) * x_rs)[:, None, None], ok[:, None, None], D, STEP)
+    ss = ordered_sumsq(x_ptr + (r.to(tl.int64) * x_rs)[:, None, None], ok[:, None, None], D, STEP, G)
     tl.store(ss_ptr + r, ss, mask=ok)
     tl.store(rs_ptr + r, rms_rstd(ss, D * 1.0, eps), mask=ok)
 
@@ -175,7 +176,8 @@ for d, dt in [(d, dt) for d in (32, 96, 512) for dt in (torch.bfloat16, torch.fl
     if True:
         x = (torch.randn(3, d, generator=g) * torch.exp(torch.randn(3, d, generator=g) * 3)).to(dt)
         ss, rs = torch.empty(3), torch.empty(3)
-        _k[(2,)](x, x.stride(0), ss, rs, 3, 1e-20, D=d, R=2, STEP=cascade_step(d // 32), **NO_FMA)
+        _k[(2,)](x, x.stride(0), ss, rs, 3, 1e-20, D=d, R=2, STEP=cascade_step(d // 32),
+               G=sumsq_chunks(d, cascade_step(d // 32)), **NO_FMA)
         ms = mean_square(x)[:, 0]
         ok = torch.equal(ss / d, ms) and torch.equal(rs, torch.rsqrt(ms + 1e-20))
         print(("PASS" if ok else "FAIL"), d, dt, flush=True)

@@ -19,7 +19,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from dsv41_kernels import ops  # noqa: E402
-from dsv41_kernels.mhc_triton import _sumsq_chunked  # noqa: E402
+from dsv41_kernels.triton_numerics import ordered_sumsq  # noqa: E402
 from check_runner import run_checks  # noqa: E402
 from mhc_cases import assert_bits_equal, assert_gates_equal, build_gates, build_streams  # noqa: E402
 from sglang_dsv41.reduction import cascade_step, ordered_sum  # noqa: E402
@@ -58,7 +58,7 @@ def sumsq_kernel(x_ptr, out_ptr, M, D: tl.constexpr, STEP: tl.constexpr, G: tl.c
     """x [M, D] contiguous -> out [M]: the kernel's sum of squares per row."""
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = row < M
-    tl.store(out_ptr + row, _sumsq_chunked(x_ptr + row[:, None, None] * D, ok[:, None, None], D, STEP, G), mask=ok)
+    tl.store(out_ptr + row, ordered_sumsq(x_ptr + row[:, None, None] * D, ok[:, None, None], D, STEP, G), mask=ok)
 
 
 def main() -> int:
@@ -123,7 +123,7 @@ def main() -> int:
             want = ordered_sum(xf * xf)
             assert torch.equal(out.view(torch.int32), want.view(torch.int32)), (out - want).abs().max().item()
 
-        checks.append((f"sumsq_chunked-d{32 * nrows}-chunks{g}", sumsq))
+        checks.append((f"ordered_sumsq-d{32 * nrows}-chunks{g}", sumsq))
 
     return run_checks(checks)
 

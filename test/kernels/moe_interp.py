@@ -58,9 +58,13 @@ def main() -> int:
 
     def norm():
         g = torch.Generator().manual_seed(2)
-        x = (torch.randn(5, 640, generator=g) * 3).bfloat16()
-        w = torch.rand(640, generator=g).bfloat16()
-        assert torch.equal(ops.rms_norm.triton(x, w, 1e-6).view(torch.int16), ops.rms_norm.torch(x, w, 1e-6).view(torch.int16))
+        # 640: one partial cascade chunk; 5120: two loop iterations of 8 chunks (the last one part
+        # masked); 20480: cascade level pushes at 256 and 512 rows of 32 (`ordered_sumsq`)
+        for m, d in ((5, 640), (3, 5120), (2, 20480)):
+            x = (torch.randn(m, d, generator=g) * torch.pow(10.0, torch.rand(m, 1, generator=g) * 6 - 3)).bfloat16()
+            w = torch.rand(d, generator=g).bfloat16()
+            got, want = ops.rms_norm.triton(x, w, 1e-6), ops.rms_norm.torch(x, w, 1e-6)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"rms_norm m={m} d={d}"
 
     def routing():
         from dsv41_kernels.moe_routing_triton import routing_tiles_fused

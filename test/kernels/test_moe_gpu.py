@@ -162,9 +162,6 @@ def test_rms_norm_bitwise(m, d, dtype):
     assert torch.equal(gv[~nan], wv[~nan])
 
 
-if __name__ == "__main__":
-    raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
-
 
 def test_swiglu_bitwise_twin():
     """`swiglu` (one launch) == its CUDA twin bit for bit (libdevice exp, IEEE division: torch CUDA's silu),
@@ -195,3 +192,7 @@ def test_route_bitwise_twin():
         want_w, want_ids = ops.moe_route.torch(*case)
         assert torch.equal(ids, want_ids), tuple(case[0].shape)
         assert torch.equal(w.view(torch.int32), want_w.view(torch.int32)), tuple(case[0].shape)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
