@@ -18,6 +18,7 @@ of the same call: dense GEMMs' folded split-K for 2 / 4 / 8 programs per SM (chu
 addition order), the max |diff| to the first config is shown. The grouped MoE's K splits (S1, S2) are among
 `--only decode_moe`'s fast-mode candidates.
 `--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
+`--only decode_stats` (`sweep_stats`): launch configs of the fixed-order RMS statistics (rms_norm, mhc_gates).
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
 """
@@ -48,10 +49,10 @@ def moe_inputs(t: int, n_exp: int, weights: tuple, dev: str) -> tuple[tuple, int
     return (x, ids, wts, *weights, 10.0), expert_bytes(int(torch.unique(ids).numel()))
 
 
-def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same):
-    """same: bits equal to the first config (bool), or a text that says how far they are (split sweeps)."""
+def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same, ref="first config"):
+    """same: bits equal to `ref`'s (bool), or a text that says how far they are (split sweeps)."""
     gbs = nbytes / tv / 1e9
-    bits = same if isinstance(same, str) else f"bits == first config: {same}"
+    bits = same if isinstance(same, str) else f"bits == {ref}: {same}"
     record(name, shape, tv, nbytes, flops, note=f"{bits}; {t0 / tv:.2f}x the first config; "
            f"weights {gbs:.0f} GB/s = {gbs * 1e9 / peak_bw:.0%} of the copy ceiling {peak_bw / 1e12:.2f} TB/s")
     return dict(name=name, shape=shape, us=tv * 1e6, same=same if not isinstance(same, str) else True,
@@ -287,6 +288,46 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda", mix_only:
                             tv, t0, nbytes, 2 * m * n * k, same))
         del x, w, ws, ref
         torch.cuda.empty_cache()
+    return out
+
+
+def sweep_stats(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    """The decode step's fixed-order RMS statistics: `rms_norm` (d = 5120 / 1280 / 512) and `mhc_gates` (4
+    streams of 5120) at T = 8 / 64, over launch configs (rows per program, warps, cascade chunks per loop
+    iteration of `triton_numerics.ordered_sumsq`), the first row of each shape the default. `same`: bits equal
+    to the twin (every config must); time from graph replays of 8 calls on 8 input copies.
+    Reached by `python benchmark/kernels.py --only decode_stats`."""
+    from dsv41_kernels.mhc import mhc_gates
+    from dsv41_kernels.mhc_triton import mhc_gates_triton
+    from dsv41_kernels.norm import rms_norm
+    from dsv41_kernels.norm_triton import rms_norm_triton
+
+    out = []
+    for t in (8, 64):
+        for d in (5120, 1280, 512):
+            xs = [torch.randn(t, d, device=dev).bfloat16() for _ in range(8)]
+            w = torch.rand(d, device=dev).bfloat16()
+            want = rms_norm.torch(xs[0], w, 1e-6).view(torch.int16)
+            t0 = None
+            for cfg in [{}] + [dict(num_warps=nw, chunks=c) for nw in (1, 2, 4) for c in (2, 4, 8, 16)]:
+                tv = bench_graph([lambda x=x, c=cfg: rms_norm_triton(x, w, 1e-6, **c) for x in xs])
+                same = torch.equal(rms_norm_triton(xs[0], w, 1e-6, **cfg).view(torch.int16), want)
+                t0 = t0 or tv
+                out.append(_row(record, peak_bw, "rms_norm decode", f"t={t} d={d} {cfg or 'default'}", tv, t0,
+                                t * d * 4 + d * 2, 0, same, ref="twin"))
+        n, d = 4, 4 * HID
+        xs = [torch.randn(t, d, device=dev).bfloat16() for _ in range(8)]
+        mix = torch.randn(t, (2 + n) * n, device=dev)
+        base, scale = torch.randn((2 + n) * n, device=dev) * 0.1, torch.ones(3, device=dev)
+        args = (mix, base, scale, 20, 1e-6, 1e-6)
+        ref = [g.view(torch.int32) for g in mhc_gates.torch(xs[0], *args)]
+        t0 = None
+        for cfg in [{}] + [dict(num_warps=nw, chunks=c) for nw in (1, 2, 4) for c in (4, 8, 16, 32)]:
+            tv = bench_graph([lambda x=x, c=cfg: mhc_gates_triton(x, *args, **c) for x in xs])
+            same = all(torch.equal(g.view(torch.int32), r) for g, r in zip(mhc_gates_triton(xs[0], *args, **cfg), ref))
+            t0 = t0 or tv
+            out.append(_row(record, peak_bw, "mhc_gates decode", f"t={t} n={n} H={HID} {cfg or 'default'}", tv, t0,
+                            t * d * 2 + t * 24 * 4 * 2, 0, same, ref="twin"))
     return out
 
 

@@ -37,8 +37,9 @@ def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP:
 
 
 @rms_norm.triton_impl
-def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: int = 1):
-    """Same contract as the twin; d % 32 == 0 and bf16 / fp32 x (other shapes run the twin)."""
+def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: int = 1, chunks: int | None = None):
+    """Same contract as the twin; d % 32 == 0 and bf16 / fp32 x (other shapes run the twin). Launch: `rows`
+    rows per program, `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps`."""
     d = x.size(-1)
     if d % 32 or x.dtype not in (torch.bfloat16, torch.float32) or weight is None:
         return rms_norm.torch(x, weight, eps)
@@ -51,7 +52,7 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
         rows = rows or (1 if m <= 256 else 4)
         step = cascade_step(d // 32)
         _rms_norm_kernel[(triton.cdiv(m, rows),)](
-            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=sumsq_chunks(d, step), ROWS=rows,
+            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=chunks or sumsq_chunks(d, step), ROWS=rows,
             CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
     return out.view(x.shape)
 
