@@ -244,7 +244,8 @@ def report(out: Path) -> str:
     if kj:
         c = kj["ceilings"]
         lines.append(f"Ceilings measured in the kernels part: HBM copy {c['hbm_tb_s']:.2f} TB/s (read + write), bf16 matmul "
-                     f"{c['mma_tflops']:.0f} TFLOP/s. Parts: " + ", ".join(f"{p} exit {rc} in {s} s" for p, (rc, s) in status.items()))
+                     f"{c['mma_tflops']:.0f} TFLOP/s. Parts: " + (", ".join(f"{p} exit {rc} in {s} s" for p, (rc, s) in status.items())
+                                                           or "not recorded (no status.txt in this folder)"))
         lines.append("")
     lines += ["| what | before (issue 32) | this run | ceiling / floor | target | met? | what limits it |",
               "|---|---|---|---|---|---|---|"]
