@@ -102,6 +102,22 @@ def test_split_k_configs_bitwise_equal(op, m):
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
+@pytest.mark.parametrize("m", [17, 33, 64])
+def test_split_k_above_quant_in_rows(op, m):
+    """Above QUANT_IN_ROWS rows the split-K kernel reads x quantized by `mxfp8_quant_t` instead of quantizing
+    in registers: ordered, and folded with chunks of one block, it gives the one-pass kernel's bits."""
+    from dsv41_kernels.gemm_triton import QUANT_IN_ROWS
+
+    assert m > QUANT_IN_ROWS
+    impl = getattr(_ops(), op)
+    case = build_gemm(op, dict(m=m, n=1000, k=512, special=True), 90 + m, "cuda")
+    ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
+    for cfg in ((64, 64, 4, 4, 2, True), (64, 32, 4, 3, 5, False), (64, 64, 4, 4, 1, True, True)):
+        got = impl.triton(*case["args"], config=cfg).view(torch.int16)
+        assert torch.equal(got, ref), f"config {cfg} differs from {CONFIGS[0]}"
+
+
+@pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
 @pytest.mark.parametrize("m", [1, 8, 16, 33, 64])
 def test_folded_split_k(op, m, monkeypatch):
     """Fast mode, decode rows: the folded split-K (K-order chunk sums added in chunk order) is within the fp8
