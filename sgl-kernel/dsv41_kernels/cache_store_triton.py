@@ -335,9 +335,10 @@ def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: in
     w = norm_weight.contiguous()
     if not _words_ok(w):
         w = w.clone()
+    step = cascade_step(d // 32)
     _window_kv_store_kernel[(triton.cdiv(n, rows),)](
         kv, kv.stride(0), w, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), float(eps), n,
-        SS_STEP=cascade_step(d // 32), SS_G=sumsq_chunks(d, cascade_step(d // 32)), **_meta(d, cos, rows, num_warps, seg, 32, portable),
+        SS_STEP=step, SS_G=sumsq_chunks(d, step), **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
 
 

@@ -430,9 +430,10 @@ QUANT_IN_ROWS = 16
 """Up to this many rows the split-K partials kernel MXFP8-quantizes its own activation blocks (two launches
 per GEMM); above, every program would quantize its BM rows again for each of the N / BN weight tiles, so
 x is quantized once by `mxfp8_quant_t` first (three launches). Same bytes either way, so the same bits.
-H200, `bench` decode step with in-kernel quant at every size (benchmark/results/2026-12-05-h200-targets/):
-batch 8 partials 0.82 -> 1.10 ms of device time against 0.16 ms of quant launches and 0.10 ms of ordered
-sums saved; batch 64 partials 1.50 -> 2.24 ms."""
+H200, `bench` decode step with in-kernel quant at every size (benchmark/results/2026-12-05-h200-targets/,
+against 2026-12-03-h200-targets-8; the same change also merged two GEMM pairs per layer): batch 8 partials
+0.82 -> 1.10 ms of device time, while the quant launches dropped by 0.16 ms and the ordered sums by 0.10 ms;
+batch 64 partials 1.50 -> 2.24 ms."""
 
 
 def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):

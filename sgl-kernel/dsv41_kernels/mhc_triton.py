@@ -3,8 +3,8 @@ stream collapse / expand (end of file).
 
 Per row: the sum of squares of the n*H stream values in `reduction.ordered_sum`'s order
 (`triton_numerics.ordered_sumsq`), rstd = rsqrt(sum / D + norm_eps) (`rms_rstd`), the (2+n)n mixes
-times rstd, times their part's scale, plus base; pre / post through the sigmoid; the n x n Sinkhorn held in registers
-as an [ROWS, NP, NP] tile (NP = next power of two >= n; padded entries are never read back). Each
+times rstd, times their part's scale, plus base; pre / post through the sigmoid; the n x n Sinkhorn held
+in registers as an [ROWS, NP, NP] tile (NP = next power of two >= n; padded entries are never read back). Each
 row or column sum is an explicit chain of adds of single entries picked out of the tile (a pick is a
 sum of one value and zeros, hence exact), so it adds in the twin's order. Launched without FMA
 contraction, every division IEEE (`div_rn`), so that it equals the twin bit for bit on the GPU
