@@ -293,7 +293,7 @@ def sweep_fp32(bench_graph, record, peak_bw: float, dev: str = "cuda", mix_only:
 
 def sweep_stats(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
     """The decode step's fixed-order RMS statistics: `rms_norm` (d = 5120 / 1280 / 512) and `mhc_gates` (4
-    streams of 5120) at T = 8 / 64, over launch configs (rows per program, warps, cascade chunks per loop
+    streams of 5120) at T = 8 / 64, over launch configs (warps, cascade chunks per loop
     iteration of `triton_numerics.ordered_sumsq`), the first row of each shape the default. `same`: bits equal
     to the twin (every config must); time from graph replays of 8 calls on 8 input copies.
     Reached by `python benchmark/kernels.py --only decode_stats`."""

@@ -109,7 +109,7 @@ def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: f
     if t:
         rows = rows or (1 if t <= 256 else 4)
         step = cascade_step(d // 32)
-        chunks = chunks or sumsq_chunks(d, step)
+        chunks = sumsq_chunks(d, step, chunks)
         _mhc_gates_kernel[(triton.cdiv(t, rows),)](
             x, x.stride(0), mix, mix.stride(0), base.contiguous(), scale.contiguous(), pre, post, comb, t,
             max(int(iters), 1), float(hc_eps), float(norm_eps), N=n, NP=triton.next_power_of_2(n), D=d,

@@ -52,7 +52,7 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
         rows = rows or (1 if m <= 256 else 4)
         step = cascade_step(d // 32)
         _rms_norm_kernel[(triton.cdiv(m, rows),)](
-            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=chunks or sumsq_chunks(d, step), ROWS=rows,
+            x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=sumsq_chunks(d, step, chunks), ROWS=rows,
             CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
     return out.view(x.shape)
 

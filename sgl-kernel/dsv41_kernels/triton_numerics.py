@@ -172,8 +172,13 @@ def ordered_sumsq(src, ok, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr)
     return sumsq_finish(src, ok, col, zero, a1, a2, a3, FULL * STEP, NROWS)
 
 
-def sumsq_chunks(d: int, step: int) -> int:
-    """`ordered_sumsq`'s G for a row of d elements and cascade step `step`: up to 8 chunks per iteration."""
+def sumsq_chunks(d: int, step: int, chunks: int | None = None) -> int:
+    """`ordered_sumsq`'s G for a row of d elements and cascade step `step`: `chunks` if given (a power of
+    two, else ValueError), by default up to 8 chunks per iteration."""
+    if chunks is not None:
+        if not isinstance(chunks, int) or chunks < 1 or chunks & (chunks - 1):
+            raise ValueError(f"chunks must be a power of two >= 1, got {chunks!r}")
+        return chunks
     return min(8, triton.next_power_of_2(max(1, d // 32 // step)))
 
 
