@@ -2,9 +2,7 @@
 
 The structure of the twins (`dsv41_kernels.gemm`, docs/numerics.md):
 1. `_mxfp8_quant_kernel`: x [M, K] -> q e4m3 [M, K] + scales fp32 [K/32, M] (transposed, so that the
-   GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise. The
-   split-K decode kernel quantizes its own K blocks in registers instead (`_mx_quant`, the same bytes
-   and scales), so a decode GEMM is two launches, not three.
+   GEMM reads a tile's row scales contiguously). Bytes and scales equal `mxfp8_quant` bitwise.
 2. `_scaled_mm_kernel`: per [BM, BN] output tile, for each 32-wide K block kb in K order:
        p = fp8 dot(q[:, kb], w[:, kb]^T)             fresh fp32 partial (one K=32 tensor-core MMA)
        acc = fma(p, a_s[m, kb] * w_s[n, kb], acc)     power-of-two scales: p * s is exact, so this
@@ -159,12 +157,6 @@ def _block_partial(a_row, w_row, kb, m_ok, n_ok, sa, sw, FP4: tl.constexpr, SWAP
     MMA) times sa[m] * sw[n]; [BM, BN], or [BN, BM] with SWAP (the weight rows are the MMA's M side).
     Returns (dot, scale product) unmultiplied, so the caller can fma them into its accumulator."""
     a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)  # e4m3 [BM, 32]
-    return _block_dot(a, w_row, kb, n_ok, sa, sw, FP4, SWAP)
-
-
-@triton.jit
-def _block_dot(a, w_row, kb, n_ok, sa, sw, FP4: tl.constexpr, SWAP: tl.constexpr):
-    """`_block_partial` for an activation tile a (e4m3 [BM, 32]) already in registers."""
     if FP4:
         b = e2m1_block_e4m3(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))  # [BN, 32], x 2**-6
         sa = sa * E2M1_UNSHIFT
@@ -265,21 +257,16 @@ def _scaled_mm_kernel(
 def _block_partials_kernel(
     x_ptr, x_rs, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr, FOLD: tl.constexpr,
-    QX: tl.constexpr,
 ):
     """Split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..).
-    QX: x [M, K] (bf16 or fp32, row stride x_rs, unit column stride), each K block of the program's rows
-    MXFP8-quantized here (`_mx_quant`: the bytes and scales `_mxfp8_quant_kernel` stores, so no separate
-    launch; sa_ptr unused). Else x is those bytes, e4m3 [M, K] (row stride x_rs = K), and sa_ptr their
-    scales fp32 [K/32, M] (`mxfp8_quant_t`). The next block's x (or scales) and weight scales are loaded
-    one block ahead.
+    x: MXFP8 bytes e4m3 [M, K] (row stride x_rs = K), sa_ptr their scales fp32 [K/32, M] (`mxfp8_quant_t`).
+    The next block's activation and weight scales are loaded one block ahead.
     Ordered (FOLD False): writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] *
     sw[n, kb]) - the exact scaled partial `_scaled_mm_kernel` adds (power-of-two scales).
     FOLD (fast mode): adds its KS scaled partials in K order from +0 (acc = fma(p, s, acc), the one-pass
     kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N].
     Weights as in `_scaled_mm_kernel`. SWAP: the weight rows are the MMA's M side (BN >= 64), the few
-    activation rows its N side. Launch with NO_FMA (the quant's rounded fp32 steps; the accumulation is
-    an explicit fma)."""
+    activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KB = K // 32
@@ -288,12 +275,7 @@ def _block_partials_kernel(
     m_ok, n_ok = rm < M, rn < N
     x_row = x_ptr + rm.to(tl.int64)[:, None] * x_rs + tl.arange(0, 32)[None, :]
     _, w_row, sw_row = _block_operands(x_ptr, w_ptr, w_rs, sw_ptr, sw_rs, rm, rn, K, FP4)
-    kb = pid_k * KS
-    if QX:
-        x = tl.load(x_row + kb * 32, mask=m_ok[:, None] & (kb < KB), other=0.0)
-        sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok & (kb < KB), other=127))
-    else:
-        x, sw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb, KB)  # x: the activation scales
+    sa, sw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, pid_k * KS, KB)
     if SWAP:
         acc = tl.zeros([BN, BM], dtype=tl.float32)
     else:
@@ -301,21 +283,13 @@ def _block_partials_kernel(
     for i in range(KS):
         kb = pid_k * KS + i
         k_ok = kb < KB
-        if QX:
-            nx = tl.load(x_row + (kb + 1) * 32, mask=m_ok[:, None] & (kb + 1 < KB), other=0.0)
-            nsw = e8m0_value(tl.load(sw_row + kb + 1, mask=n_ok & (kb + 1 < KB), other=127))
-            q, sa = _mx_quant(x.to(tl.float32))
-            a = q.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-            sa = tl.where(m_ok & k_ok, tl.reshape(sa, [BM]), 0.0)  # as the loaded scales: 0 off the rows
-            p, s = _block_dot(a, w_row, kb, n_ok & k_ok, sa, sw, FP4, SWAP)
-        else:
-            nx, nsw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb + 1, KB)
-            p, s = _block_partial(x_row, w_row, kb, m_ok & k_ok, n_ok & k_ok, x, sw, FP4, SWAP)
+        nsa, nsw = _block_scales(sa_ptr, M, rm, m_ok, sw_row, n_ok, kb + 1, KB)
+        p, s = _block_partial(x_row, w_row, kb, m_ok & k_ok, n_ok & k_ok, sa, sw, FP4, SWAP)
         if FOLD:
             acc = tl.fma(p, s, acc)  # a block past the last adds fma(+0, +0, acc)
         else:
             _store_partial(p_ptr + kb.to(tl.int64) * M * N, p * s, rm, rn, m_ok, n_ok & k_ok, N, SWAP)
-        x, sw = nx, nsw
+        sa, sw = nsa, nsw
     if FOLD:
         _store_partial(p_ptr + pid_k.to(tl.int64) * M * N, acc, rm, rn, m_ok, n_ok, N, SWAP)
 
@@ -426,28 +400,19 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False,
     return 64, 128, 4, 4
 
 
-QUANT_IN_ROWS = 16
-"""Up to this many rows the split-K partials kernel MXFP8-quantizes its own activation blocks (two launches
-per GEMM); above, every program would quantize its BM rows again for each of the N / BN weight tiles, so
-x is quantized once by `mxfp8_quant_t` first (three launches). Same bytes either way, so the same bits.
-H200, `bench` decode step with in-kernel quant at every size (benchmark/results/2026-12-05-h200-targets/,
-against 2026-12-03-h200-targets-8; the same change also merged two GEMM pairs per layer): batch 8 partials
-0.82 -> 1.10 ms of device time, while the quant launches dropped by 0.16 ms and the ordered sums by 0.10 ms;
-batch 64 partials 1.50 -> 2.24 ms."""
-
-
 def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):
-    """Split-K of x2 [M, K] (unit column stride; quantized inside the partials kernel up to QUANT_IN_ROWS
-    rows): P [K/32, M, N] fp32 of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N] chunk
-    sums), then their sum in K order. Two launches (three above QUANT_IN_ROWS)."""
+    """Split-K of x2 [M, K] (unit column stride), three launches: its MXFP8 quant (`mxfp8_quant_t`), P
+    [K/32, M, N] fp32 of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N] chunk sums),
+    then their sum in K order. (Quantizing inside the partials kernel saved the first launch, but each of
+    the N / BN weight-tile programs then quantized the same rows again: `bench` decode step at batch 8 on
+    an H100, 8.24 ms vs 8.02 ms this way; benchmark/results/2026-12-05-h100-decode-stats.md.)"""
     kb = k // BLOCK
     parts = triton.cdiv(kb, ks) if fold else kb
     part = torch.empty(parts, m, n, dtype=torch.float32, device=x2.device)
-    qx = m <= QUANT_IN_ROWS
-    xq, sa = (x2, x2) if qx else mxfp8_quant_t(x2)
+    xq, sa = mxfp8_quant_t(x2)
     _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
         xq, xq.stride(0), sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks,
-        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), QX=qx, num_warps=warps, num_stages=stages, **NO_FMA)
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA)
     block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
     _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block, num_warps=4)
 

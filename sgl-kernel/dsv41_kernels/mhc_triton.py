@@ -22,7 +22,7 @@ import triton.language as tl
 from dsv41_kernels.mhc import hc_mult, mhc_collapse, mhc_expand, mhc_gates
 from dsv41_kernels.transcendentals import exp_f32, sigmoid_f32
 from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, max_nan, ordered_sumsq, rms_rstd,
-                                           sumsq_chunks)
+                                           stat_launch, sumsq_chunks)
 from sglang_dsv41.reduction import cascade_step
 
 
@@ -91,10 +91,11 @@ def _unit_cols(t: torch.Tensor) -> torch.Tensor:
 
 @mhc_gates.triton_impl
 def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: float, rows: int | None = None,
-                     num_warps: int = 1, chunks: int | None = None):
+                     num_warps: int | None = None, chunks: int | None = None):
     """Same contract as the twin for 2-D x with n*H % 32 == 0 (bf16 / fp32) and fp32 mix / base / scale;
     other inputs, and calls that need autograd, run the twin. Launch: `rows` rows per program,
-    `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps`."""
+    `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps` (rows and warps by
+    default from `triton_numerics.stat_launch`)."""
     n = hc_mult(base.numel())
     d = x.size(-1)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, mix, base, scale))
@@ -107,7 +108,7 @@ def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: f
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
     if t:
-        rows = rows or (1 if t <= 256 else 4)
+        rows, num_warps = stat_launch(t, d, rows, num_warps)
         step = cascade_step(d // 32)
         chunks = sumsq_chunks(d, step, chunks)
         _mhc_gates_kernel[(triton.cdiv(t, rows),)](

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.norm import rms_norm
-from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd, sumsq_chunks
+from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd, stat_launch, sumsq_chunks
 from sglang_dsv41.reduction import cascade_step
 
 
@@ -37,9 +37,11 @@ def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP:
 
 
 @rms_norm.triton_impl
-def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: int = 1, chunks: int | None = None):
+def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: int | None = None,
+                    chunks: int | None = None):
     """Same contract as the twin; d % 32 == 0 and bf16 / fp32 x (other shapes run the twin). Launch: `rows`
-    rows per program, `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps`."""
+    rows per program, `chunks` cascade chunks per statistic loop iteration (a power of two), `num_warps`
+    (rows and warps by default from `triton_numerics.stat_launch`)."""
     d = x.size(-1)
     if d % 32 or x.dtype not in (torch.bfloat16, torch.float32) or weight is None:
         return rms_norm.torch(x, weight, eps)
@@ -49,7 +51,7 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
     m = x2.size(0)
     out = torch.empty(m, d, dtype=x.dtype, device=x.device)
     if m:
-        rows = rows or (1 if m <= 256 else 4)
+        rows, num_warps = stat_launch(m, d, rows, num_warps)
         step = cascade_step(d // 32)
         _rms_norm_kernel[(triton.cdiv(m, rows),)](
             x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=sumsq_chunks(d, step, chunks), ROWS=rows,

@@ -182,6 +182,22 @@ def sumsq_chunks(d: int, step: int, chunks: int | None = None) -> int:
     return min(8, triton.next_power_of_2(max(1, d // 32 // step)))
 
 
+WIDE_STAT_D = 4096
+"""Rows of at least this many elements (RMSNorm of the hidden size, the mHC statistic of n x hidden) run
+their decode-size statistic on 4 warps (`stat_launch`)."""
+
+
+def stat_launch(m: int, d: int, rows: int | None, num_warps: int | None) -> tuple[int, int]:
+    """(rows per program, num_warps) of a fixed-order RMS statistic kernel (rms_norm, mhc_gates) over m
+    rows of d elements; explicit arguments win. Up to 256 rows one row per program, on 4 warps for wide
+    rows: H100, 8 and 64 rows (benchmark/results/2026-12-05-h100-decode-stats.md), rms_norm d = 5120 7.5
+    -> 4.6 us, mhc_gates 4 x 5120 12.4 -> 9.1 us (8 chunks per iteration, the `sumsq_chunks` default
+    there), same bits; narrower rows were within noise of 1 warp. Prefill sizes: 4 rows per program,
+    1 warp."""
+    rows = rows or (1 if m <= 256 else 4)
+    return rows, num_warps or (4 if m <= 256 and d >= WIDE_STAT_D else 1)
+
+
 @triton.jit
 def sumsq_finish(src, ok, col, zero, a1, a2, a3, FIRST: tl.constexpr, NROWS: tl.constexpr):
     """End of `ordered_sumsq`'s order, given the cascade levels a1..a3 [R, 4, 8] after the full chunks:

@@ -103,12 +103,9 @@ def test_split_k_configs_bitwise_equal(op, m):
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
 @pytest.mark.parametrize("m", [17, 33, 64])
-def test_split_k_above_quant_in_rows(op, m):
-    """Above QUANT_IN_ROWS rows the split-K kernel reads x quantized by `mxfp8_quant_t` instead of quantizing
-    in registers: ordered, and folded with chunks of one block, it gives the one-pass kernel's bits."""
-    from dsv41_kernels.gemm_triton import QUANT_IN_ROWS
-
-    assert m > QUANT_IN_ROWS
+def test_split_k_wide_rows(op, m):
+    """Split-K tiles of 64 rows (17 to 64 rows of x) give the one-pass kernel's bits: ordered, and folded
+    with chunks of one block."""
     impl = getattr(_ops(), op)
     case = build_gemm(op, dict(m=m, n=1000, k=512, special=True), 90 + m, "cuda")
     ref = impl.triton(*case["args"], config=CONFIGS[0]).view(torch.int16)
