@@ -233,6 +233,27 @@ class EngramHasher:
         windows = torch.stack(columns, dim=1) if t_total else torch.empty(0, n, dtype=torch.long, device=device)
         return self.hash_windows(windows, positions)
 
+    def hash_decode(self, input_ids: torch.Tensor, positions: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence (a decode step): `hash_packed(input_ids, ones, positions, history)` in
+        a dozen tensor ops instead of its general window assembly (which is ~60 small launches on a GPU).
+
+        Args:
+            input_ids: LongTensor [B], each sequence's token at positions[b].
+            positions: LongTensor [B] absolute positions.
+            history: LongTensor [B, N-1] raw ids before each token, oldest first (entries at
+                positions < 0 any value).
+        Returns:
+            LongTensor [B, n_layers, (N-1)*H].
+        """
+        n = self.max_ngram_size
+        pos = positions.reshape(-1, 1).to(torch.long)
+        hist = history.to(device=pos.device, dtype=torch.long).reshape(pos.size(0), n - 1)
+        # column s = the s-th predecessor (s = 0 the token itself), as `hash_packed` builds it
+        newest_first = torch.cat([input_ids.reshape(-1, 1).to(torch.long), hist.flip(1)], dim=1)
+        back = torch.arange(n, device=pos.device).reshape(1, n)
+        raw = torch.where(pos >= back, newest_first, torch.zeros_like(newest_first))  # before the start: harmless id
+        return self.hash_windows(self.compress(raw), positions)
+
     def hash_ids(
         self,
         input_ids: torch.Tensor,

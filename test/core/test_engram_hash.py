@@ -170,6 +170,28 @@ def test_chunked_equals_one_shot(tiny_setup):
     assert torch.equal(packed, full)
 
 
+def test_decode_equals_packed(tiny_setup):
+    """hash_decode (one token per sequence) == hash_packed with sequence lengths 1: positions 0, 1 and
+    later (history entries before the start are garbage, -99 or out of vocabulary), dead and
+    out-of-vocabulary ids in the token and in its history. A shifted history column fails it."""
+    _, _, hasher = tiny_setup
+    gen = torch.Generator().manual_seed(5)
+    b = 64
+    ids = torch.randint(-3, 63, (b,), generator=gen)  # < 0 and >= 60: out of vocabulary (dead)
+    positions = torch.randint(0, 6, (b,), generator=gen)
+    positions[:4] = torch.tensor([0, 1, 2, 0])
+    hist = torch.randint(-3, 63, (b, 2), generator=gen)
+    hist[positions == 0] = -99
+    hist[positions == 1, 0] = 12345
+    want = hasher.hash_packed(ids, torch.ones(b, dtype=torch.long), positions, hist)
+    assert torch.equal(hasher.hash_decode(ids, positions, hist), want)
+    assert not torch.equal(hasher.hash_decode(ids, positions, hist.roll(1, dims=1)), want)
+    # every row against the one-sequence form
+    rows = [hasher.hash_ids(ids[i:i + 1], int(positions[i]), hist[i][2 - min(2, int(positions[i])):])
+            for i in range(b)]
+    assert torch.equal(torch.cat(rows), want)
+
+
 def test_packed_independent_sequences(tiny_setup):
     _, _, hasher = tiny_setup
     a = torch.tensor([3, 4, 5, 6, 7])

@@ -80,6 +80,8 @@ class PagedKV:
 
     def engram_ids(self, hasher: EngramHasher, input_ids: torch.Tensor) -> torch.Tensor:
         b, width = self.batch, self.cfg.engram.max_ngram_size - 1
+        if b.static and b.num_rows == b.req_slots.numel():  # a decode step: one row per request
+            return hasher.hash_decode(input_ids, b.prefix_lens, b.history[:, -width:])
         return hasher.hash_packed(input_ids, b.extend_lens, b.prefix_lens, b.history[:, -width:])
 
     def tail_rows(self) -> torch.Tensor | None:
