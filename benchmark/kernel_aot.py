@@ -42,7 +42,7 @@ MOE_TYPES = dict(a_ptr="*fp8e4nv", sa_ptr="*fp32", sa_rs="i32", perm_ptr="*i32",
                  sv_ptr="*u8", sw_es="i32", sw_rs="i32", rw_ptr="*fp32", out_ptr="*u8", os_ptr="*fp32", os_rs="i32",
                  N="i32", K="i32", TOPK="i32", limit="fp32", part_ptr="*fp32", R="i32", KSB="i32")
 MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of 16 in general
-DENSE_TYPES = dict(x_ptr="*bf16", x_rs="i32", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
+DENSE_TYPES = dict(x_ptr="*fp8e4nv", x_rs="i32", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
                    p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32")
 DENSE_ODD = {"M", "KS"}
 ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", k_ptr="*bf16", ws_ptr="*i64", ws_st="i32", cs_ptr="*i64",
