@@ -108,6 +108,14 @@ def test_without_the_flags_nothing_changes(resolve):
     assert _set_env() == {name: None for name in ENV}
 
 
+def test_cpu_server_sleeps_when_idle(resolve):
+    """Our CPU platform turns SGLang's --sleep-on-idle on (an idle scheduler otherwise spins a core), with or
+    without the flag, and the device is cpu."""
+    for fields in ({}, {"sleep_on_idle": True}):
+        cfg = resolve(**fields)
+        assert cfg.device == "cpu" and cfg.sleep_on_idle is True, fields
+
+
 RL = {"rl_on_policy_target": RL_TARGET}
 DET = {"enable_deterministic_inference": True}
 REFUSED = [

@@ -71,7 +71,8 @@ EVERY_PROCESS = (
          "request (pool_limits.py), and never above the checkpoint's own (SGLang refused to start a checkpoint whose "
          "config.json says less than the pool)."),
     Hook("arg_groups.serving_hook.handle_missing_default_values", STEP, arg_resolution.cpu_device_step,
-         "on our CPU platform the device is `cpu` (SGLang's get_device() knows none without CUDA or its CPU engine)."),
+         "on our CPU platform the device is `cpu` (SGLang's get_device() knows none without CUDA or its CPU engine), "
+         "and --sleep-on-idle is on (an idle scheduler spun a core at 100%)."),
     Hook("arg_groups.cuda_graph_hook.handle_cuda_graph_config", STEP, cuda_graphs.cuda_graphs_off_step,
          "for our model on CUDA SGLang's graph runners are disabled and its decode graph settings drive the "
          "model's own decode graphs (batch x capacity buckets, SGLANG_DSV41_DECODE_GRAPHS); flags that act only "

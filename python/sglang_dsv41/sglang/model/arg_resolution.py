@@ -35,11 +35,17 @@ def resolve_alias_step(server_args, previous) -> None:
 
 def cpu_device_step(server_args, previous) -> None:
     """Wrapper of SGLang's handle_missing_default_values: on our CPU platform the device is 'cpu'
-    (SGLang's get_device() knows no device when CUDA is absent and its CPU engine is off)."""
+    (SGLang's get_device() knows no device when CUDA is absent and its CPU engine is off), and an idle
+    scheduler waits for its next request (SGLang's --sleep-on-idle: a zmq poll that wakes on the
+    request) instead of spinning: on a CPU server the spin takes a core the forward needs."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
-    if resolving_view(server_args).device is None and on_our_cpu_platform():
-        declare_resolution(server_args, "sglang_dsv41.cpu_device", device="cpu")
+    view = resolving_view(server_args)
+    if on_our_cpu_platform():
+        if view.device is None:
+            declare_resolution(server_args, "sglang_dsv41.cpu_device", device="cpu")
+        if not view.sleep_on_idle:
+            declare_resolution(server_args, "sglang_dsv41.cpu_idle", sleep_on_idle=True)
     previous(server_args)
 
 
