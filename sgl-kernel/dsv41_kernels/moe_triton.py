@@ -9,10 +9,11 @@ pairs the routing tables below come from one launch, `moe_routing_triton`):
   reads the same bytes the per-expert path would compute, each 32-block stored in K_EVENS_FIRST order
   (gemm_triton): both operands of every K = 32 MMA come in that order, so a weight tile reaches the MMA
   with one 32-bit shared load per row and no byte permutes (the same 32 products per block).
-Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; two fp8 MMAs per
-  32-wide K block (w1, w3; E2M1 nibbles -> E4M3 bytes of value * 2**-6 in registers, the 2**6 put back
-  in the activation scale, `gemm_triton.e2m1_block_e4m3_evens_first`), block partial * (scale_x * scale_w)
-  accumulated in K order as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
+Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; one fp8 MMA per 32-wide
+  K block over a weight tile of BN rows of w1 stacked on the same BN rows of w3 (E2M1 nibbles -> E4M3
+  bytes of value * 2**-6 in registers, the 2**6 put back in the activation scale,
+  `gemm_triton.e2m1_block_e4m3_evens_first`), block partial * (scale_x * scale_w) accumulated in K order
+  as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
   routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32 columns, bitwise `mxfp8_quant` of
   that h, blocks in K_EVENS_FIRST order) stored at row p with transposed scales.
 Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block against w2; the bf16
@@ -81,12 +82,13 @@ def _moe_gemm_kernel(
     """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
     w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
     [E, N, K/32] (sw_es, sw_rs); rw fp32 [R] routing weight of pair r. STAGE1: out uint8 [R, N] at row p,
-    os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p]. SWAP changes only which
-    operand is the MMA's M side (same products, same K-order accumulation). PACKED (SUB == 4, scale rows
-    4-byte aligned): each weight row's 4 scale bytes of an iteration are one 32-bit load issued an
-    iteration ahead (the loads Triton does not pipeline otherwise stall every block for a memory
-    latency; decoded fp32 scales carried ahead cost too many registers, and so did carrying the
-    activation scales ahead: 0.87-0.94x on the H200).
+    os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p].
+    Weight tile: WR = BN rows of w, and in STAGE1 below them the same BN rows of v (w1 and w3 share
+    strides), so each K block is one MMA of [WR, 32] weight rows, and one accumulator holds g | u.
+    SWAP changes only which operand is the MMA's M side (same products, same K-order accumulation).
+    PACKED (SUB == 4, scale rows 4-byte aligned): each weight row's 4 scale bytes of an iteration are one
+    32-bit load issued an iteration ahead (the loads Triton does not pipeline otherwise stall every block
+    for a memory latency).
     KSPLIT (fast-mode decode, grid axis 2 = K split c): only K blocks [c * KSB, (c + 1) * KSB) (KSB % SUB == 0),
     and the fp32 sums go to part [S, R, N] (STAGE1: [S, R, 2N], g then u) at row p; `_moe_fold_kernel`
     adds the splits in order and runs the epilogue."""
@@ -104,21 +106,24 @@ def _moe_gemm_kernel(
         arow = r // TOPK
     else:
         arow = rp
-    rn = pid_n * BN + tl.arange(0, BN)
+    WR: tl.constexpr = 2 * BN if STAGE1 else BN
+    j = tl.arange(0, WR)
+    rn = pid_n * BN + j % BN
     n_ok = rn < N
+    if STAGE1:  # rows j >= BN: the same weight rows of v (w3)
+        w_base = tl.where(j < BN, w_ptr, v_ptr)
+        s_base = tl.where(j < BN, sw_ptr, sv_ptr)
+    else:
+        w_base = w_ptr + 0 * j
+        s_base = sw_ptr + 0 * j
     rk = tl.arange(0, 32)
     a_row = a_ptr + arow.to(tl.int64)[:, None] * K + rk[None, :]
-    w_row = w_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-    sw_row = sw_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
-    if STAGE1:
-        v_row = v_ptr + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-        sv_row = sv_ptr + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
+    w_row = w_base[:, None] + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+    sw_row = s_base + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
     if SWAP:
-        acc = tl.zeros([BN, BM], dtype=tl.float32)
-        acc2 = tl.zeros([BN, BM], dtype=tl.float32)
+        acc = tl.zeros([WR, BM], dtype=tl.float32)
     else:
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+        acc = tl.zeros([BM, WR], dtype=tl.float32)
     KB = K // 32
     if KSPLIT:
         k_lo = tl.program_id(2) * KSB
@@ -128,15 +133,9 @@ def _moe_gemm_kernel(
         k_hi = KB
     if PACKED:  # the 4 weight-scale bytes of an iteration as one word per row, loaded an iteration ahead
         wsc = _scale_word(sw_row, k_lo, n_ok, KB)
-        vsc = wsc
-        if STAGE1:
-            vsc = _scale_word(sv_row, k_lo, n_ok, KB)
     for kb0 in range(k_lo, k_hi, SUB):
         if PACKED:
             nwsc = _scale_word(sw_row, kb0 + 4, n_ok, KB)
-            nvsc = nwsc
-            if STAGE1:
-                nvsc = _scale_word(sv_row, kb0 + 4, n_ok, KB)
         for i in tl.static_range(SUB):
             kb = kb0 + i
             a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
@@ -146,25 +145,19 @@ def _moe_gemm_kernel(
             else:
                 sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
             acc = _block_fma(a, _fp4_tile(w_row, kb, n_ok), sa, sw, acc, SWAP)
-            if STAGE1:
-                if PACKED:
-                    sv = e8m0_value(vsc >> (8 * i))
-                else:
-                    sv = e8m0_value(tl.load(sv_row + kb, mask=n_ok, other=127))
-                acc2 = _block_fma(a, _fp4_tile(v_row, kb, n_ok), sa, sv, acc2, SWAP)
         if PACKED:
-            wsc, vsc = nwsc, nvsc
+            wsc = nwsc
     if SWAP:
-        acc = tl.trans(acc)
-        acc2 = tl.trans(acc2)
+        acc = tl.trans(acc)  # [BM, WR]
     if KSPLIT:
         NT = 2 * N if STAGE1 else N
-        dst = part_ptr + (tl.program_id(2).to(tl.int64) * R + rp.to(tl.int64)[:, None]) * NT + rn[None, :]
+        col = rn + tl.where(j < BN, 0, N)  # STAGE1: u after g
+        dst = part_ptr + (tl.program_id(2).to(tl.int64) * R + rp.to(tl.int64)[:, None]) * NT + col[None, :]
         tl.store(dst, acc, mask=m_ok[:, None] & n_ok[None, :])
-        if STAGE1:
-            tl.store(dst + N, acc2, mask=m_ok[:, None] & n_ok[None, :])
     elif STAGE1:
-        _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
+        g, u = tl.split(tl.permute(tl.reshape(acc, [BM, 2, BN]), (0, 2, 1)))  # columns j < BN: g, then u
+        cn = pid_n * BN + tl.arange(0, BN)
+        _swiglu_store(g, u, r, rp, m_ok, cn, cn < N, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
     else:
         tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16),
                  mask=m_ok[:, None] & n_ok[None, :])
