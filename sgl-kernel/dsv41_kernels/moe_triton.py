@@ -236,11 +236,13 @@ DECODE_ROWS = 512
 """Up to this many (token, expert) pairs a call runs SWAP tiles: on the H200 2.0-2.9x faster than the
 one-pass [64 pairs x 32 weight rows] tiles at 1 / 8 / 64 tokens, same bits
 (benchmark/results/2026-12-02-h200-decode-step-sweep.md)."""
-SPLIT_PROGRAMS_PER_SM = 8
+SPLIT_PROGRAMS_PER_SM = 4
 """Fast mode (not deterministic), decode: each GEMM's K is split so that its busy programs (tiles of
-experts that have pairs x weight-row tiles) reach about this many per SM (`split_counts`). H200, 16
-experts (benchmark/results/2026-12-02-h200-decode-split.md): 1.04-1.14x the unsplit call at 1, 8 and 64
-tokens for 2-5 splits per GEMM, slower from 8 splits."""
+experts that have pairs x weight-row tiles) reach about this many per SM (`split_counts`). With stacked
+w1 | w3 tiles (H100, hidden 5120, inter 2304, 16 experts; benchmark/results/2026-12-05-h100-moe-stacked.md):
+at 8 tokens the unsplit call is 1.08x the (2, 2) split that 8 per SM picked, at 64 tokens 1.01x; at 1
+token splitting still pays (1.09x). At 4 per SM, 8 and 64 tokens do not split at these widths (and skip
+the fold launches) while 1 token splits 3 ways."""
 
 
 WIDE_PAIRS_PER_EXPERT = 16
