@@ -69,6 +69,7 @@ class PagedKV:
         if self.live is not None:
             self.window_out = torch.where(self.live, self.window_out, -1)
         self.slot_tables: dict[int, torch.Tensor] = {}  # ratio -> int64 [N, n_max]
+        self.visible: dict[int, torch.Tensor] = {}  # ratio -> int64 [N] compressed positions each row sees
         self.comp_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index source -> (topk, slots [N, K])
 
     # ------------------------------------------------------------------ rows
@@ -139,11 +140,17 @@ class PagedKV:
         pool = pools.window[layer_id]
         pool[dst] = pool[self.window_out[last]]
 
+    def _visible(self, ratio: int) -> torch.Tensor:
+        """int64 [N]: how many compressed positions of `ratio` row t sees, (position + 1) // ratio."""
+        if ratio not in self.visible:
+            self.visible[ratio] = torch.div(self.positions + 1, ratio, rounding_mode="floor")
+        return self.visible[ratio]
+
     def _slot_table(self, ratio: int) -> torch.Tensor:
         """int64 [N, n_max]: c-slot of compressed position j visible to row t, else -1."""
         if ratio not in self.slot_tables:
             b = self.batch
-            visible = torch.div(self.positions + 1, ratio, rounding_mode="floor")
+            visible = self._visible(ratio)
             if b.seq_capacity is not None:  # host-known width: no device read (graph-capturable)
                 n_max = b.seq_capacity // ratio
             else:
@@ -250,7 +257,7 @@ class PagedKV:
     def index_scores(self, attn, q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = attn.role.compress_ratio
         scores = self.ops.index_scores(q, w, self.pools.index_keys[attn.role.kv_source], self._slot_table(r))
-        return scores, torch.div(self.positions + 1, r, rounding_mode="floor")
+        return scores, self._visible(r)
 
     def attend(self, attn, q: torch.Tensor, topk: torch.Tensor | None) -> torch.Tensor:
         role = attn.role
