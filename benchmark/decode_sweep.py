@@ -61,7 +61,8 @@ def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same, ref="first c
 
 def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     """Fast-mode decode candidates: the pick (SWAP tiles + `split_counts`), other tiles / warps / pipeline
-    depths with their own `split_counts`, and other splits of the picked tiles."""
+    depths with their own `split_counts`, other splits of the picked tiles (unsplit included), and the
+    pick's splits under register caps (`moe_experts_triton`'s MAXNREG) at 3 and 4 pipeline stages."""
     from dsv41_kernels import moe_triton
 
     base = tuple(moe_triton.pick_config(t * TOPK, n_exp))
@@ -69,8 +70,11 @@ def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     out = [base + (s1, s2)]
     for bm, bn1, bn2, w, st in ((16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 32, 64, 4, 4)):
         out.append((bm, bn1, bn2, w, st, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, bm, bn1, bn2, dev))
-    for sp in ((s1 + 1, s2 + 1), (2 * s1, 2 * s2), (max(1, s1 // 2), max(1, s2 // 2))):
+    for sp in ((s1 + 1, s2 + 1), (2 * s1, 2 * s2), (max(1, s1 // 2), max(1, s2 // 2)), (1, 1)):
         out.append(base + sp)
+    # register caps (MAXNREG) with 3 / 4 pipeline stages: more programs per SM, the pick's bits
+    for st, regs in ((3, None), (3, 96), (3, 80), (4, 96), (4, 80)):
+        out.append(base[:4] + (st,) + base[5:] + (s1, s2, regs))
     return list(dict.fromkeys(out))
 
 

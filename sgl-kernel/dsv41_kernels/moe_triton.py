@@ -283,9 +283,10 @@ def _sub(kb: int) -> int:
     return 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
 
 
-def _gemm(args, tiles, n, k, bm, bn, warps, stages, swap, packed, splits, stage1, part_rows, fold):
+def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_rows, fold):
     """One `_moe_gemm_kernel` launch (K split in `splits` runs of whole SUB blocks when > 1, then
-    `_moe_fold_kernel`). args: the kernel's arguments up to `limit`; fold: (perm, rw, out, os, os_rs, limit)."""
+    `_moe_fold_kernel`). args: the kernel's arguments up to `limit`; launch: Triton launch options
+    (num_warps, num_stages[, maxnreg]); fold: (perm, rw, out, os, os_rs, limit)."""
     kb, sub = k // 32, _sub(k // 32)
     ksb = triton.cdiv(triton.cdiv(kb, splits), sub) * sub
     splits = triton.cdiv(kb, ksb)
@@ -295,7 +296,7 @@ def _gemm(args, tiles, n, k, bm, bn, warps, stages, swap, packed, splits, stage1
         part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=dev)
     grid = (tiles, triton.cdiv(n, bn)) + ((splits,) if splits > 1 else ())
     _moe_gemm_kernel[grid](*args, part, part_rows, ksb, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
-                           PACKED=packed and sub == 4, KSPLIT=splits > 1, num_warps=warps, num_stages=stages)
+                           PACKED=packed and sub == 4, KSPLIT=splits > 1, **launch)
     if splits > 1:
         perm, rw, out, os_, os_rs, limit = fold
         fbm, fbn = 16, 64 if stage1 else 128
@@ -305,8 +306,9 @@ def _gemm(args, tiles, n, k, bm, bn, warps, stages, swap, packed, splits, stage1
 
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
-    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP[, S1, S2]]) overrides
-    pick_config (SWAP defaults to False; S1 / S2: K splits of the two GEMMs, default 1). Without a config,
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP[, S1, S2[, MAXNREG]]])
+    overrides pick_config (SWAP defaults to False; S1 / S2: K splits of the two GEMMs, default 1; MAXNREG: a
+    register cap per thread for both GEMMs, which can fit more programs per SM; the same bits). Without a config,
     calls with many pairs per expert run the bf16 prefill path (`moe_prefill.bf16_prefill`), and decode
     calls outside deterministic mode split K (`split_counts`; a row's bits then depend on the split)."""
     t, k = ids.shape
@@ -330,6 +332,7 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     bm, bn1, bn2, warps, stages, *rest = config
     swap = bool(rest and rest[0])
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
+    launch = dict(num_warps=warps, num_stages=stages) | ({"maxnreg": rest[3]} if len(rest) >= 4 and rest[3] else {})
     route = routing_tiles_fused if rows <= ROUTING_ROWS else routing_tiles  # same integers
     perm, wt, te, first, end = route(ids, weights, n_exp, bm)
     qx, sx = mxfp8_quant_t(x.contiguous(), evens_first=True)
@@ -339,10 +342,10 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     packed = swap and all(_word_rows(sc) for sc in (s1, s3, s2))
     _gemm((qx, sx, t, perm, te, first, end, n_exp, w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0),
            s1.stride(1), wt, qh, sh, rows, inter, hid, k, float(limit)),
-          tiles, inter, hid, bm, bn1, warps, stages, swap, packed, sp1, True, rows, (perm, wt, qh, sh, rows, float(limit)))
+          tiles, inter, hid, bm, bn1, launch, swap, packed, sp1, True, rows, (perm, wt, qh, sh, rows, float(limit)))
     _gemm((qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp, w2, w2, w2.stride(0), w2.stride(1),
            s2, s2, s2.stride(0), s2.stride(1), wt, out, sh, rows, hid, inter, k, float(limit)),
-          tiles, hid, inter, bm, bn2, warps, stages, swap, packed, sp2, False, rows, (perm, wt, out, sh, rows, float(limit)))
+          tiles, hid, inter, bm, bn2, launch, swap, packed, sp2, False, rows, (perm, wt, out, sh, rows, float(limit)))
     return out
 
 

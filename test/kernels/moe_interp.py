@@ -40,7 +40,8 @@ def main() -> int:
         assert_moe_close(ops.moe_experts.triton(*args, 10.0), want)
         args = build_moe(9, 3, 5, 512, 384, seed=4)  # 16 / 12 K blocks
         want = ops.moe_experts.torch(*args, 10.0)
-        for cfg in ((16, 64, 128, 4, 1, True, 2, 3), (16, 64, 128, 4, 1, True, 3, 2), (16, 32, 64, 4, 1, True, 4, 5)):
+        for cfg in ((16, 64, 128, 4, 1, True, 2, 3), (16, 64, 128, 4, 1, True, 3, 2), (16, 32, 64, 4, 1, True, 4, 5),
+                    (16, 64, 128, 4, 1, True, 2, 3, 80)):  # + a register cap (MAXNREG)
             assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want)
 
     def gemm_configs():

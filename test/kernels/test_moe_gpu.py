@@ -78,7 +78,8 @@ def test_moe_batch_invariant_and_config_independent(monkeypatch):
 @pytest.mark.parametrize("t", [1, 8, 64])
 def test_moe_k_split(t, monkeypatch):
     """Fast-mode decode splits K (`split_counts`): within the twin's tolerance for the picked splits and for
-    others (uneven last runs); deterministic mode does not split (bitwise the unsplit config)."""
+    others (uneven last runs); a register cap and another pipeline depth keep the bits; deterministic mode
+    does not split (bitwise the unsplit config)."""
     from dsv41_kernels.moe_triton import moe_experts_triton, pick_config, split_counts
 
     ops = _ops()
@@ -88,6 +89,8 @@ def test_moe_k_split(t, monkeypatch):
     assert max(split_counts(t * 6, 16, 768, 1024, *base[:3], torch.device("cuda"))) > 1
     for cfg in (None, base + (2, 3), base + (5, 2), base + (8, 6)):
         assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want, f"moe_experts split {cfg}")
+    capped = moe_experts_triton(*args, 10.0, config=base[:4] + (3,) + base[5:] + (2, 3, 80))  # MAXNREG 80, 3 stages
+    assert torch.equal(capped.view(torch.int16), moe_experts_triton(*args, 10.0, config=base + (2, 3)).view(torch.int16))
     monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
     plain = moe_experts_triton(*args, 10.0, config=base)
     assert torch.equal(moe_experts_triton(*args, 10.0).view(torch.int16), plain.view(torch.int16))
