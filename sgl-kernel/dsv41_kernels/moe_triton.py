@@ -110,12 +110,8 @@ def _moe_gemm_kernel(
     j = tl.arange(0, WR)
     rn = pid_n * BN + j % BN
     n_ok = rn < N
-    if STAGE1:  # rows j >= BN: the same weight rows of v (w3)
-        w_base = tl.where(j < BN, w_ptr, v_ptr)
-        s_base = tl.where(j < BN, sw_ptr, sv_ptr)
-    else:
-        w_base = w_ptr + 0 * j
-        s_base = sw_ptr + 0 * j
+    w_base = tl.where(j < BN, w_ptr, v_ptr)  # STAGE1 rows j >= BN: the same weight rows of v (w3)
+    s_base = tl.where(j < BN, sw_ptr, sv_ptr)
     rk = tl.arange(0, 32)
     a_row = a_ptr + arow.to(tl.int64)[:, None] * K + rk[None, :]
     w_row = w_base[:, None] + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
