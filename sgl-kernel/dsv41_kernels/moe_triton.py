@@ -80,7 +80,7 @@ def _moe_gemm_kernel(
     PACKED: tl.constexpr, KSPLIT: tl.constexpr,
 ):
     """a e4m3 [rows, K] (STAGE1: tokens, row = perm[p] // TOPK; else sorted rows p), sa fp32 [K/32, sa_rs];
-    w (and v = w3 in STAGE1) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
+    w and v (w1 and w3 in STAGE1, w2 twice else) uint8 [E, N, K/2] (expert stride w_es, row stride w_rs), scales uint8
     [E, N, K/32] (sw_es, sw_rs); rw fp32 [R] routing weight of pair r. STAGE1: out uint8 [R, N] at row p,
     os fp32 [N/32, os_rs] at column p. Else: out bf16 [R, N] at row perm[p].
     Weight tile: WR = BN rows of w, and in STAGE1 below them the same BN rows of v (w1 and w3 share

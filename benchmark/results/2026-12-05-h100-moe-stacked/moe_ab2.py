@@ -1,13 +1,15 @@
-"""A/B: grouped MoE with stacked w1|w3 weight tiles (working tree) vs HEAD's kernel (.gl/moe_prev.py), same
-inputs, CUDA-graph timing, bits compared. Run from the repository root."""
+"""A/B: grouped MoE with stacked w1|w3 weight tiles (c03fab7) vs the previous kernel (moe_prev.py next to this
+file, made by the command in ../2026-12-05-h100-moe-stacked.md), same inputs, CUDA-graph timing, bits compared.
+Writes moe_ab2.txt into $OUT (default /tmp)."""
 import os
 import sys
 import time
 
 import torch
 
-ROOT = os.getcwd()
-sys.path[:0] = [os.path.join(ROOT, ".gl")] + [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark", "test/kernels")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path[:0] = [HERE] + [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark", "test/kernels")]
 
 import kernels as K  # noqa: E402
 from decode_sweep import HID, INTER, TOPK, moe_inputs  # noqa: E402

@@ -1,11 +1,12 @@
-"""One profiled decode MoE call (E=16, T=8, fast pick) of the working tree's kernel or HEAD's (argv[1] = new|prev)."""
+"""One profiled decode MoE call (E=16, T=8, fast pick) of the stacked kernel or the previous one (moe_prev.py next to this file; argv[1] = new|prev)."""
 import os
 import sys
 
 import torch
 
-ROOT = os.getcwd()
-sys.path[:0] = [os.path.join(ROOT, ".gl")] + [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark", "test/kernels")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path[:0] = [HERE] + [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark", "test/kernels")]
 import kernels as K  # noqa: E402
 from decode_sweep import HID, INTER, moe_inputs  # noqa: E402
 from dsv41_kernels import moe_triton  # noqa: E402
