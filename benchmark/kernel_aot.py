@@ -43,7 +43,7 @@ MOE_TYPES = dict(a_ptr="*fp8e4nv", sa_ptr="*fp32", sa_rs="i32", perm_ptr="*i32",
                  N="i32", K="i32", TOPK="i32", limit="fp32", part_ptr="*fp32", R="i32", KSB="i32")
 MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of 16 in general
 DENSE_TYPES = dict(x_ptr="*fp8e4nv", x_rs="i32", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
-                   p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32")
+                   p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32", cnt_ptr="*i32", out_ptr="*bf16", out_rs="i32")
 DENSE_ODD = {"M", "KS"}
 ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", k_ptr="*bf16", ws_ptr="*i64", ws_st="i32", cs_ptr="*i64",
                   cs_st="i32", sink_ptr="*fp32", scale="fp32", out_ptr="*bf16", po_ptr="*fp32", pm_ptr="*fp32", W="i32",
@@ -101,7 +101,7 @@ def cases():
     for name, n, k in (("wq_a", 1280, 5120), ("wo_b", 5120, 8192), ("shared w1", 2304, 5120)):
         cfg = gemm_triton.pick_config(8, n, k, "cpu", fast=True)
         bm, bn, warps, stages, ks, swap, *fold = cfg
-        const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]))
+        const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]), LAST=bool(fold and fold[0]))
         out.append((f"_block_partials_kernel {name} M=8 (KS {ks})", gemm_triton._block_partials_kernel, DENSE_TYPES,
                     DENSE_ODD, const, warps, stages))
     for t in (8, 64):

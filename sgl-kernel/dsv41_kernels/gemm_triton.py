@@ -46,10 +46,16 @@ this order (`e2m1_block_e4m3_evens_first`), which its weights' nibble packing gi
 
 # ---------------------------------------------------------------------------------- kernels
 @triton.jit
-def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, BLOCK_G: tl.constexpr, EVENS_FIRST: tl.constexpr = False):
+def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, z_ptr, NZ, BLOCK_G: tl.constexpr,
+                        EVENS_FIRST: tl.constexpr = False):
     """Groups g = kb * M + m (m fastest, so scale stores are contiguous): x [M, K] (row stride x_rs,
     unit column stride) -> q uint8 [M, K] (e4m3 bytes), s fp32 [KB, M]; G = M * KB groups.
-    Same bytes as quant.fp8.mxfp8_quant; EVENS_FIRST: each 32-block's bytes stored in `K_EVENS_FIRST` order."""
+    Same bytes as quant.fp8.mxfp8_quant; EVENS_FIRST: each 32-block's bytes stored in `K_EVENS_FIRST` order.
+    Also sets z int32 [NZ] to 0 (the arrival counters of the GEMM launched next, `_block_partials_kernel`
+    LAST; NZ = 0: none)."""
+    for i in range(tl.program_id(0) * BLOCK_G, NZ, tl.num_programs(0) * BLOCK_G):
+        z = i + tl.arange(0, BLOCK_G)
+        tl.store(z_ptr + z, tl.zeros([BLOCK_G], dtype=tl.int32), mask=z < NZ)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     ok = g < G
     m, kb = g % M, g // M
@@ -255,8 +261,9 @@ def _scaled_mm_kernel(
 
 @triton.jit
 def _block_partials_kernel(
-    x_ptr, x_rs, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS,
+    x_ptr, x_rs, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS, cnt_ptr, out_ptr, out_rs,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr, FOLD: tl.constexpr,
+    LAST: tl.constexpr,
 ):
     """Split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..).
     x: MXFP8 bytes e4m3 [M, K] (row stride x_rs = K), sa_ptr their scales fp32 [K/32, M] (`mxfp8_quant_t`).
@@ -266,7 +273,10 @@ def _block_partials_kernel(
     FOLD (fast mode): adds its KS scaled partials in K order from +0 (acc = fma(p, s, acc), the one-pass
     kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N].
     Weights as in `_scaled_mm_kernel`. SWAP: the weight rows are the MMA's M side (BN >= 64), the few
-    activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma)."""
+    activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma).
+    LAST (with FOLD): the program of a weight-row tile that arrives last (counter cnt int32 [cdiv(N, BN)],
+    zeroed before the launch) adds the tile's chunk sums in chunk order (`_fold_tile`) and writes out bf16
+    [M, N] (row stride out_rs): `_ordered_sum_kernel`'s sum without its launch."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KB = K // 32
@@ -292,6 +302,25 @@ def _block_partials_kernel(
         sa, sw = nsa, nsw
     if FOLD:
         _store_partial(p_ptr + pid_k.to(tl.int64) * M * N, acc, rm, rn, m_ok, n_ok, N, SWAP)
+        if LAST:
+            _fold_tile(p_ptr, cnt_ptr + pid_n, out_ptr, out_rs, rm, rn, m_ok, n_ok, M, N, tl.num_programs(1), BM, BN)
+
+
+@triton.jit
+def _fold_tile(p_ptr, cnt, out_ptr, out_rs, rm, rn, m_ok, n_ok, M, N, C, BM: tl.constexpr, BN: tl.constexpr):
+    """Arrival at a tile's counter (after this program's chunk sum is stored); the C-th arrival adds the
+    tile's C chunk sums of P [C, M, N] in chunk order from +0 (the sum of `_ordered_sum_kernel`) and
+    writes bf16 out[rm, rn]. Ordering: the barrier puts every thread's stores before thread 0's
+    acq_rel atomic (a release, cumulative over the block), whose acquire orders the last program's
+    loads after every other program's release; the loads bypass L1 (.cg)."""
+    tl.debug_barrier()
+    if tl.atomic_add(cnt, 1, sem="acq_rel") == C - 1:
+        ok = m_ok[:, None] & n_ok[None, :]
+        src = p_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for c in range(C):
+            acc = acc + tl.load(src + c * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_rs + rn[None, :], bf16_round(acc).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -316,10 +345,12 @@ def _ordered_sum_kernel(p_ptr, out_ptr, out_rs, M, N, KB, BLOCK: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------- host side
-def mxfp8_quant_t(x: torch.Tensor, evens_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def mxfp8_quant_t(x: torch.Tensor, evens_first: bool = False, zero: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 (any float) [M, K], K % 32 == 0, unit column stride -> (q float8_e4m3fn [M, K],
     s fp32 [K/32, M]) with q and s.T bitwise equal to `quant.fp8.mxfp8_quant(x)`; evens_first: q's
-    32-blocks in `K_EVENS_FIRST` order (q[:, K_EVENS_FIRST] of the plain call, for the grouped MoE)."""
+    32-blocks in `K_EVENS_FIRST` order (q[:, K_EVENS_FIRST] of the plain call, for the grouped MoE).
+    zero: an int32 tensor the same launch sets to 0 (the next GEMM's arrival counters); M * K > 0."""
     m, k = x.shape
     assert k % BLOCK == 0 and x.stride(1) == 1, (x.shape, x.stride())
     q = torch.empty(m, k, dtype=torch.uint8, device=x.device)
@@ -327,8 +358,10 @@ def mxfp8_quant_t(x: torch.Tensor, evens_first: bool = False) -> tuple[torch.Ten
     groups = m * (k // BLOCK)
     if groups:
         bg = 64  # groups per program: a [64, 32] tile
+        z = zero if zero is not None else s.view(torch.int32)  # z unused without counters (NZ = 0)
         _mxfp8_quant_kernel[(triton.cdiv(groups, bg),)](
-            x, x.stride(0), q, s, m, k // BLOCK, groups, BLOCK_G=bg, EVENS_FIRST=evens_first, num_warps=4, **NO_FMA)
+            x, x.stride(0), q, s, m, k // BLOCK, groups, z, 0 if zero is None else zero.numel(), BLOCK_G=bg,
+            EVENS_FIRST=evens_first, num_warps=4, **NO_FMA)
     return q.view(torch.float8_e4m3fn), s
 
 
@@ -401,20 +434,27 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False,
 
 
 def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swap, fold=False):
-    """Split-K of x2 [M, K] (unit column stride), three launches: its MXFP8 quant (`mxfp8_quant_t`), P
-    [K/32, M, N] fp32 of exact scaled block partials (or, with fold, [cdiv(K/32, ks), M, N] chunk sums),
-    then their sum in K order. (Quantizing inside the partials kernel saved the first launch, but each of
+    """Split-K of x2 [M, K] (unit column stride). Ordered: three launches, its MXFP8 quant
+    (`mxfp8_quant_t`), P [K/32, M, N] fp32 of exact scaled block partials, then their sum in K order
+    (`_ordered_sum_kernel`). Folded: two, the quant (which also zeroes one arrival counter per weight-row
+    tile) and P [cdiv(K/32, ks), M, N] of chunk sums, whose last program per tile adds them in chunk order
+    (LAST, the same sum). (Quantizing inside the partials kernel saved the first launch, but each of
     the N / BN weight-tile programs then quantized the same rows again: `bench` decode step at batch 8 on
     an H100, 8.24 ms vs 8.02 ms this way; benchmark/results/2026-12-05-h100-decode-stats.md.)"""
     kb = k // BLOCK
     parts = triton.cdiv(kb, ks) if fold else kb
     part = torch.empty(parts, m, n, dtype=torch.float32, device=x2.device)
-    xq, sa = mxfp8_quant_t(x2)
-    _block_partials_kernel[(triton.cdiv(n, bn), triton.cdiv(kb, ks))](
-        xq, xq.stride(0), sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks,
-        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA)
-    block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
-    _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block, num_warps=4)
+    tiles = triton.cdiv(n, bn)
+    count = torch.empty(tiles if fold else 0, dtype=torch.int32, device=x2.device)
+    xq, sa = mxfp8_quant_t(x2, zero=count if fold else None)
+    _block_partials_kernel[(tiles, triton.cdiv(kb, ks))](
+        xq, xq.stride(0), sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks, count, out, out.stride(0),
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), LAST=bool(fold), num_warps=warps, num_stages=stages,
+        **NO_FMA)
+    if not fold:
+        block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
+        _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block,
+                                                          num_warps=4)
 
 
 def _prefetch(bm: int, bn: int, swap: bool, fp4: bool) -> bool:

@@ -34,7 +34,37 @@ def main() -> int:
             bad += 1
             print(f"FAIL {cid}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     bad += host_gather_cases(assert_match, build)
+    bad += folded_split_cases(assert_match)
     return 1 if bad else 0
+
+
+def folded_split_cases(assert_match) -> int:
+    """The folded split-K whose last program per weight-row tile adds the chunk sums (gemm_triton
+    `_block_partials_kernel` LAST): chunks of one K block give the one-pass kernel's bits (every scaled
+    partial is exact, so both add the same values in the same order), twice in a row (the arrival counters
+    are zeroed by each call's quant launch); chunks of three blocks are within the twin's tolerance."""
+    import torch
+
+    from dsv41_kernels import ops
+    from kernel_cases import build_gemm
+
+    bad = 0
+    for i, op in enumerate(("fp8_linear", "fp4_linear")):
+        cid = f"{op}-folded-split-last-arrival"
+        try:
+            impl = getattr(ops, op)
+            case = build_gemm(op, dict(m=5, n=200, k=256, special=True), 300 + i, "cpu")
+            ref = impl.triton(*case["args"], config=(64, 64, 4, 4)).view(torch.int16)
+            for _ in range(2):
+                got = impl.triton(*case["args"], config=(16, 64, 4, 4, 1, True, True)).view(torch.int16)
+                assert torch.equal(got, ref), f"{(got != ref).sum().item()} of {ref.numel()} outputs differ"
+            assert_match(impl.triton(*case["args"], config=(16, 64, 4, 4, 3, True, True)), impl.torch(*case["args"]),
+                         "fp8_gemm", what=cid, bound=case["bound"])
+            print(f"PASS {cid}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case
+            bad += 1
+            print(f"FAIL {cid}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return bad
 
 
 def host_gather_cases(assert_match, build) -> int:
