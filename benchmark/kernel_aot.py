@@ -40,7 +40,7 @@ SMS = 132  # H200, as the pickers assume for a CPU device
 MOE_TYPES = dict(a_ptr="*fp8e4nv", sa_ptr="*fp32", sa_rs="i32", perm_ptr="*i32", tile_e_ptr="*i32", tile_p_ptr="*i32",
                  tile_end_ptr="*i32", E="i32", w_ptr="*u8", v_ptr="*u8", w_es="i32", w_rs="i32", sw_ptr="*u8",
                  sv_ptr="*u8", sw_es="i32", sw_rs="i32", rw_ptr="*fp32", out_ptr="*u8", os_ptr="*fp32", os_rs="i32",
-                 N="i32", K="i32", TOPK="i32", limit="fp32", part_ptr="*fp32", R="i32", KSB="i32")
+                 N="i32", K="i32", TOPK="i32", limit="fp32", part_ptr="*fp32", R="i32", KSB="i32", cnt_ptr="*i32")
 MOE_ODD = {"sa_rs", "TOPK", "limit"}  # token counts and top-k: not multiples of 16 in general
 DENSE_TYPES = dict(x_ptr="*fp8e4nv", x_rs="i32", sa_ptr="*fp32", w_ptr="*fp8e4nv", w_rs="i32", sw_ptr="*u8", sw_rs="i32",
                    p_ptr="*fp32", M="i32", N="i32", K="i32", KS="i32", cnt_ptr="*i32", out_ptr="*bf16", out_rs="i32")

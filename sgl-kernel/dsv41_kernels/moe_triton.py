@@ -22,8 +22,8 @@ Tiles: [BM pairs x BN weight rows]. SWAP (decode, `pick_config`) makes the weigh
   side and the BM = 16 pairs its N side, so that a tile of a few pairs does not pay for 64 padded rows
   in the MMA, the scale multiply and the address math; the products and the K-order adds are the same.
 K split (fast mode only, decode; `split_counts`): grid axis 2 cuts K into runs of whole SUB blocks, each
-program writes its fp32 K-order sum, and `_moe_fold_kernel` adds the runs in order before the same
-epilogue. Deterministic mode never splits, so there a row's bits do not depend on its call.
+program writes its fp32 K-order sum, and the last of a tile's runs to finish adds them in order before
+the same epilogue (arrival counters zeroed by the x quant launch). Deterministic mode never splits, so there a row's bits do not depend on its call.
 Numerics against the twin: the fp8 tensor-core partials (tolerance of gemm_triton), and silu from
 Triton's exp; nothing depends on which other rows share a tile (batch invariant for a fixed config).
 """
@@ -75,7 +75,7 @@ def _scale_word(s_row, kb, ok, KB):
 def _moe_gemm_kernel(
     a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
     w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
-    out_ptr, os_ptr, os_rs, N, K, TOPK, limit, part_ptr, R, KSB,
+    out_ptr, os_ptr, os_rs, N, K, TOPK, limit, part_ptr, R, KSB, cnt_ptr,
     STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr,
     PACKED: tl.constexpr, KSPLIT: tl.constexpr,
 ):
@@ -90,8 +90,9 @@ def _moe_gemm_kernel(
     32-bit load issued an iteration ahead (the loads Triton does not pipeline otherwise stall every block
     for a memory latency).
     KSPLIT (fast-mode decode, grid axis 2 = K split c): only K blocks [c * KSB, (c + 1) * KSB) (KSB % SUB == 0),
-    and the fp32 sums go to part [S, R, N] (STAGE1: [S, R, 2N], g then u) at row p; `_moe_fold_kernel`
-    adds the splits in order and runs the epilogue."""
+    and the fp32 sums go to part [S, R, N] (STAGE1: [S, R, 2N], g then u) at row p; the program of a tile
+    that arrives last (counter cnt int32 [tiles, cdiv(N, BN)], zeroed before the launch) adds the splits
+    in order and runs the epilogue (`_fold_splits`)."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_e_ptr + pid_t)
@@ -150,6 +151,8 @@ def _moe_gemm_kernel(
         col = rn + tl.where(j < BN, 0, N)  # STAGE1: u after g
         dst = part_ptr + (tl.program_id(2).to(tl.int64) * R + rp.to(tl.int64)[:, None]) * NT + col[None, :]
         tl.store(dst, acc, mask=m_ok[:, None] & n_ok[None, :])
+        _fold_splits(part_ptr, cnt_ptr + pid_t * tl.num_programs(1) + pid_n, tl.num_programs(2), R, N, r, rp,
+                     m_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, limit, STAGE1, BM, BN)
     elif STAGE1:
         g, u = tl.split(tl.permute(tl.reshape(acc, [BM, 2, BN]), (0, 2, 1)))  # columns j < BN: g, then u
         cn = pid_n * BN + tl.arange(0, BN)
@@ -188,29 +191,29 @@ def _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_p
 
 
 @triton.jit
-def _moe_fold_kernel(part_ptr, S, R, N, perm_ptr, rw_ptr, out_ptr, os_ptr, os_rs, limit,
-                     STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """The K splits of `_moe_gemm_kernel` (KSPLIT) added in split order from +0, then its epilogue: rows p
-    [BM] x columns [BN] of part [S, R, N] (STAGE1: [S, R, 2N], g | u)."""
-    rp = tl.program_id(0) * BM + tl.arange(0, BM)
-    pid_n = tl.program_id(1)
-    rn = pid_n * BN + tl.arange(0, BN)
-    m_ok, n_ok = rp < R, rn < N
-    r = tl.load(perm_ptr + rp, mask=m_ok, other=0)
-    NT = 2 * N if STAGE1 else N
-    src = part_ptr + rp.to(tl.int64)[:, None] * NT + rn[None, :]
-    ok = m_ok[:, None] & n_ok[None, :]
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc2 = tl.zeros([BM, BN], dtype=tl.float32)
-    for _ in range(S):
-        acc = acc + tl.load(src, mask=ok, other=0.0)
+def _fold_splits(part_ptr, cnt, S, R, N, r, rp, m_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, limit,
+                 STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Arrival of a K split at its tile's counter (after its sums are stored); the S-th arrival adds the
+    tile's splits of part [S, R, N] (STAGE1: [S, R, 2N], g | u) in split order from +0, rows p = rp, columns
+    pid_n * BN.., then runs the epilogue. Ordering as `gemm_triton._fold_tile`: the barrier puts every
+    thread's stores before thread 0's acq_rel atomic; the loads bypass L1 (.cg)."""
+    tl.debug_barrier()
+    if tl.atomic_add(cnt, 1, sem="acq_rel") == S - 1:
+        rn = pid_n * BN + tl.arange(0, BN)
+        n_ok = rn < N
+        NT = 2 * N if STAGE1 else N
+        src = part_ptr + rp.to(tl.int64)[:, None] * NT + rn[None, :]
+        ok = m_ok[:, None] & n_ok[None, :]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+        for c in range(S):
+            acc = acc + tl.load(src + c * R * NT, mask=ok, other=0.0, cache_modifier=".cg")
+            if STAGE1:
+                acc2 = acc2 + tl.load(src + c * R * NT + N, mask=ok, other=0.0, cache_modifier=".cg")
         if STAGE1:
-            acc2 = acc2 + tl.load(src + N, mask=ok, other=0.0)
-        src += R * NT
-    if STAGE1:
-        _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
-    else:
-        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16), mask=ok)
+            _swiglu_store(acc, acc2, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
+        else:
+            tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16), mask=ok)
 
 
 def routing_tiles(ids: torch.Tensor, weights: torch.Tensor, n_experts: int, bm: int):
@@ -237,8 +240,9 @@ SPLIT_PROGRAMS_PER_SM = 4
 experts that have pairs x weight-row tiles) reach about this many per SM (`split_counts`). With stacked
 w1 | w3 tiles (H100, hidden 5120, inter 2304, 16 experts; benchmark/results/2026-12-05-h100-moe-stacked.md):
 at 8 tokens the unsplit call is 1.08x the (2, 2) split that 8 per SM picked, at 64 tokens 1.01x; at 1
-token splitting still pays (1.09x). At 4 per SM, 8 and 64 tokens do not split at these widths (and skip
-the fold launches) while 1 token splits 3 ways."""
+token splitting still pays (1.09x); those splits were folded by a separate launch, which the last
+arriving split now does. At 4 per SM, 8 and 64 tokens do not split at these widths while 1 token splits
+3 ways."""
 
 
 WIDE_PAIRS_PER_EXPERT = 16
@@ -279,25 +283,26 @@ def _sub(kb: int) -> int:
     return 4 if kb % 4 == 0 else 2 if kb % 2 == 0 else 1
 
 
-def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_rows, fold):
-    """One `_moe_gemm_kernel` launch (K split in `splits` runs of whole SUB blocks when > 1, then
-    `_moe_fold_kernel`). args: the kernel's arguments up to `limit`; launch: Triton launch options
-    (num_warps, num_stages[, maxnreg]); fold: (perm, rw, out, os, os_rs, limit)."""
+def _splits(k: int, splits: int) -> tuple[int, int]:
+    """(K blocks per split, split count) for `splits` requested runs of whole SUB blocks over K."""
     kb, sub = k // 32, _sub(k // 32)
     ksb = triton.cdiv(triton.cdiv(kb, splits), sub) * sub
-    splits = triton.cdiv(kb, ksb)
-    dev = args[0].device
+    return ksb, triton.cdiv(kb, ksb)
+
+
+def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_rows, counters):
+    """One `_moe_gemm_kernel` launch, K split in `splits` runs of whole SUB blocks when > 1 (the last split
+    of a tile to finish adds them and runs the epilogue). args: the kernel's arguments up to `limit`;
+    launch: Triton launch options (num_warps, num_stages[, maxnreg]); counters: int32 [tiles * cdiv(n, bn)],
+    zero (used with a split)."""
+    sub = _sub(k // 32)
+    ksb, splits = _splits(k, splits)
     part = args[0]  # unused without a split
     if splits > 1:
-        part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=dev)
+        part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=args[0].device)
     grid = (tiles, triton.cdiv(n, bn)) + ((splits,) if splits > 1 else ())
-    _moe_gemm_kernel[grid](*args, part, part_rows, ksb, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
+    _moe_gemm_kernel[grid](*args, part, part_rows, ksb, counters, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
                            PACKED=packed and sub == 4, KSPLIT=splits > 1, **launch)
-    if splits > 1:
-        perm, rw, out, os_, os_rs, limit = fold
-        fbm, fbn = 16, 64 if stage1 else 128
-        _moe_fold_kernel[(triton.cdiv(part_rows, fbm), triton.cdiv(n, fbn))](
-            part, splits, part_rows, n, perm, rw, out, os_, os_rs, limit, STAGE1=stage1, BM=fbm, BN=fbn, num_warps=4)
 
 
 @moe_experts.triton_impl
@@ -331,17 +336,21 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     launch = dict(num_warps=warps, num_stages=stages) | ({"maxnreg": rest[3]} if len(rest) >= 4 and rest[3] else {})
     route = routing_tiles_fused if rows <= ROUTING_ROWS else routing_tiles  # same integers
     perm, wt, te, first, end = route(ids, weights, n_exp, bm)
-    qx, sx = mxfp8_quant_t(x.contiguous(), evens_first=True)
+    tiles = te.numel()
+    # arrival counters of the split GEMMs (stage 1's, then stage 2's), zeroed by the quant launch
+    c1 = tiles * triton.cdiv(inter, bn1) if _splits(hid, sp1)[1] > 1 else 0
+    c2 = tiles * triton.cdiv(hid, bn2) if _splits(inter, sp2)[1] > 1 else 0
+    cnt = torch.empty(max(c1 + c2, 1), dtype=torch.int32, device=x.device)
+    qx, sx = mxfp8_quant_t(x.contiguous(), evens_first=True, zero=cnt[: c1 + c2])
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
     sh = torch.empty(inter // 32, rows, dtype=torch.float32, device=x.device)
-    tiles = te.numel()
     packed = swap and all(_word_rows(sc) for sc in (s1, s3, s2))
     _gemm((qx, sx, t, perm, te, first, end, n_exp, w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0),
            s1.stride(1), wt, qh, sh, rows, inter, hid, k, float(limit)),
-          tiles, inter, hid, bm, bn1, launch, swap, packed, sp1, True, rows, (perm, wt, qh, sh, rows, float(limit)))
+          tiles, inter, hid, bm, bn1, launch, swap, packed, sp1, True, rows, cnt)
     _gemm((qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp, w2, w2, w2.stride(0), w2.stride(1),
            s2, s2, s2.stride(0), s2.stride(1), wt, out, sh, rows, hid, inter, k, float(limit)),
-          tiles, hid, inter, bm, bn2, launch, swap, packed, sp2, False, rows, (perm, wt, out, sh, rows, float(limit)))
+          tiles, hid, inter, bm, bn2, launch, swap, packed, sp2, False, rows, cnt[c1:] if c2 else cnt)
     return out
 
 
