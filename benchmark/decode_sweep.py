@@ -62,7 +62,8 @@ def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same, ref="first c
 def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     """Fast-mode decode candidates: the pick (SWAP tiles + `split_counts`), other tiles / warps / pipeline
     depths with their own `split_counts`, other splits of the picked tiles (unsplit included), and the
-    pick's splits under register caps (`moe_experts_triton`'s MAXNREG) at 3 and 4 pipeline stages."""
+    pick's splits under register caps (`moe_experts_triton`'s MAXNREG) at 3 and 4 pipeline stages, and the
+    stream-K schedule at 2, 4 and 5 programs per SM."""
     from dsv41_kernels import moe_triton
 
     base = tuple(moe_triton.pick_config(t * TOPK, n_exp))
@@ -75,6 +76,9 @@ def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     # register caps (MAXNREG) with 3 / 4 pipeline stages: more programs per SM, the pick's bits
     for st, regs in ((3, None), (3, 96), (3, 80), (4, 96), (4, 80)):
         out.append(base[:4] + (st,) + base[5:] + (s1, s2, regs))
+    # stream-K (`_moe_stream_kernel`): programs per SM with the register cap that lets them all be resident
+    for regs, per_sm in ((None, 2), (128, 4), (96, 5)):
+        out.append(base[:5] + (True, 1, 1, regs, per_sm))
     return list(dict.fromkeys(out))
 
 

@@ -72,6 +72,76 @@ def _scale_word(s_row, kb, ok, KB):
 
 
 @triton.jit
+def _tile(a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, t, pid_n, w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es,
+          sw_rs, N, K, TOPK, STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Rows and operand pointers of tile t (expert e) x weight-row tile pid_n: (rp, m_ok, r, arow, j, rn, n_ok,
+    a_row, w_row, sw_row); rows j >= BN of the [WR, 16] weight tile are v's (STAGE1), see `_moe_gemm_kernel`."""
+    p0 = tl.load(tile_p_ptr + t)
+    p_end = tl.load(tile_end_ptr + t)
+    rp = p0 + tl.arange(0, BM)
+    m_ok = rp < p_end
+    r = tl.load(perm_ptr + rp, mask=m_ok, other=0)
+    if STAGE1:
+        arow = r // TOPK
+    else:
+        arow = rp
+    WR: tl.constexpr = 2 * BN if STAGE1 else BN
+    j = tl.arange(0, WR)
+    rn = pid_n * BN + j % BN
+    n_ok = rn < N
+    w_base = tl.where(j < BN, w_ptr, v_ptr)  # STAGE1 rows j >= BN: the same weight rows of v (w3)
+    s_base = tl.where(j < BN, sw_ptr, sv_ptr)
+    a_row = a_ptr + arow.to(tl.int64)[:, None] * K + tl.arange(0, 32)[None, :]
+    w_row = w_base[:, None] + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+    sw_row = s_base + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
+    return rp, m_ok, r, arow, j, rn, n_ok, a_row, w_row, sw_row
+
+
+@triton.jit
+def _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, k_lo, k_hi, KB, WR: tl.constexpr,
+           BM: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr, PACKED: tl.constexpr):
+    """fp32 [BM, WR]: the scaled block partials of K blocks [k_lo, k_hi) (whole SUB groups) added in K order
+    from +0, one MMA of [WR, 32] weight rows per block (`_block_fma`)."""
+    if SWAP:
+        acc = tl.zeros([WR, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, WR], dtype=tl.float32)
+    if PACKED:  # the 4 weight-scale bytes of an iteration as one word per row, loaded an iteration ahead
+        wsc = _scale_word(sw_row, k_lo, n_ok, KB)
+    for kb0 in range(k_lo, k_hi, SUB):
+        if PACKED:
+            nwsc = _scale_word(sw_row, kb0 + 4, n_ok, KB)
+        for i in tl.static_range(SUB):
+            kb = kb0 + i
+            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
+            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0) * E2M1_UNSHIFT  # weights come x 2**-6
+            if PACKED:
+                sw = e8m0_value(wsc >> (8 * i))  # little endian: byte i is block kb0 + i
+            else:
+                sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
+            acc = _block_fma(a, _fp4_tile(w_row, kb, n_ok), sa, sw, acc, SWAP)
+        if PACKED:
+            wsc = nwsc
+    if SWAP:
+        acc = tl.trans(acc)  # [BM, WR]
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit,
+              STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """A tile's K sums acc fp32 [BM, WR] (STAGE1: columns j < BN g, then u) -> STAGE1: `_swiglu_store`;
+    else bf16 out rows r."""
+    if STAGE1:
+        g, u = tl.split(tl.permute(tl.reshape(acc, [BM, 2, BN]), (0, 2, 1)))  # columns j < BN: g, then u
+        cn = pid_n * BN + tl.arange(0, BN)
+        _swiglu_store(g, u, r, rp, m_ok, cn, cn < N, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
+    else:
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16),
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
     w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
@@ -98,29 +168,10 @@ def _moe_gemm_kernel(
     e = tl.load(tile_e_ptr + pid_t)
     if e >= E:
         return
-    p0 = tl.load(tile_p_ptr + pid_t)
-    p_end = tl.load(tile_end_ptr + pid_t)
-    rp = p0 + tl.arange(0, BM)
-    m_ok = rp < p_end
-    r = tl.load(perm_ptr + rp, mask=m_ok, other=0)
-    if STAGE1:
-        arow = r // TOPK
-    else:
-        arow = rp
+    rp, m_ok, r, arow, j, rn, n_ok, a_row, w_row, sw_row = _tile(
+        a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, pid_t, pid_n, w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es,
+        sw_rs, N, K, TOPK, STAGE1, BM, BN)
     WR: tl.constexpr = 2 * BN if STAGE1 else BN
-    j = tl.arange(0, WR)
-    rn = pid_n * BN + j % BN
-    n_ok = rn < N
-    w_base = tl.where(j < BN, w_ptr, v_ptr)  # STAGE1 rows j >= BN: the same weight rows of v (w3)
-    s_base = tl.where(j < BN, sw_ptr, sv_ptr)
-    rk = tl.arange(0, 32)
-    a_row = a_ptr + arow.to(tl.int64)[:, None] * K + rk[None, :]
-    w_row = w_base[:, None] + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
-    sw_row = s_base + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
-    if SWAP:
-        acc = tl.zeros([WR, BM], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BM, WR], dtype=tl.float32)
     KB = K // 32
     if KSPLIT:
         k_lo = tl.program_id(2) * KSB
@@ -128,24 +179,7 @@ def _moe_gemm_kernel(
     else:
         k_lo = 0
         k_hi = KB
-    if PACKED:  # the 4 weight-scale bytes of an iteration as one word per row, loaded an iteration ahead
-        wsc = _scale_word(sw_row, k_lo, n_ok, KB)
-    for kb0 in range(k_lo, k_hi, SUB):
-        if PACKED:
-            nwsc = _scale_word(sw_row, kb0 + 4, n_ok, KB)
-        for i in tl.static_range(SUB):
-            kb = kb0 + i
-            a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
-            sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0) * E2M1_UNSHIFT  # weights come x 2**-6
-            if PACKED:
-                sw = e8m0_value(wsc >> (8 * i))  # little endian: byte i is block kb0 + i
-            else:
-                sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
-            acc = _block_fma(a, _fp4_tile(w_row, kb, n_ok), sa, sw, acc, SWAP)
-        if PACKED:
-            wsc = nwsc
-    if SWAP:
-        acc = tl.trans(acc)  # [BM, WR]
+    acc = _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, k_lo, k_hi, KB, WR, BM, SUB, SWAP, PACKED)
     if KSPLIT:
         NT = 2 * N if STAGE1 else N
         col = rn + tl.where(j < BN, 0, N)  # STAGE1: u after g
@@ -153,13 +187,66 @@ def _moe_gemm_kernel(
         tl.store(dst, acc, mask=m_ok[:, None] & n_ok[None, :])
         _fold_splits(part_ptr, cnt_ptr + pid_t * tl.num_programs(1) + pid_n, tl.num_programs(2), R, N, r, rp,
                      m_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, limit, STAGE1, BM, BN)
-    elif STAGE1:
-        g, u = tl.split(tl.permute(tl.reshape(acc, [BM, 2, BN]), (0, 2, 1)))  # columns j < BN: g, then u
-        cn = pid_n * BN + tl.arange(0, BN)
-        _swiglu_store(g, u, r, rp, m_ok, cn, cn < N, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, BM, BN)
     else:
-        tl.store(out_ptr + r.to(tl.int64)[:, None] * N + rn[None, :], bf16_round(acc).to(tl.bfloat16),
-                 mask=m_ok[:, None] & n_ok[None, :])
+        _epilogue(acc, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, STAGE1, BM, BN)
+
+
+@triton.jit
+def _moe_stream_kernel(
+    a_ptr, sa_ptr, sa_rs, perm_ptr, tile_e_ptr, tile_p_ptr, tile_end_ptr, E,
+    w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es, sw_rs, rw_ptr,
+    out_ptr, os_ptr, os_rs, N, K, TOPK, limit, part_ptr, MAXT, cnt_ptr,
+    STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr,
+    PACKED: tl.constexpr, TP: tl.constexpr,
+):
+    """Stream-K schedule of `_moe_gemm_kernel`'s work (same operands, same per-item math): the busy tiles
+    (tile_e < E among the MAXT entries; TP = next power of two >= MAXT) x weight-row tiles are items of
+    G = K / (32 SUB) units (SUB K blocks each); item i's unit g is u = i * G + g, and program p of P takes
+    units [p U / P, (p + 1) U / P) (U = items * G, integer division; P = min(programs, U)), so every program gets the same
+    work whatever the number of busy tiles (no tail wave). An item whole in one program runs the epilogue
+    there; else each program's run of it (a segment, in K order) is written to part, segment id p + i
+    (unique), fp32 [P + items, BM, WR], and the last to arrive at the item's counter (cnt int32 [MAXT *
+    cdiv(N, BN)], zeroed before the launch) adds the item's segments in K order from +0, then the epilogue.
+    A row's bits depend on the segment boundaries, i.e. on the call's busy tiles (fast mode only)."""
+    pid = tl.program_id(0)
+    NT = tl.cdiv(N, BN)
+    KB = K // 32
+    G = tl.cdiv(KB, SUB)
+    WR: tl.constexpr = 2 * BN if STAGE1 else BN
+    tt = tl.arange(0, TP)
+    busy = tl.sum((tl.load(tile_e_ptr + tt, mask=tt < MAXT, other=E) < E).to(tl.int32))
+    U = busy * NT * G
+    P = tl.minimum(tl.num_programs(0), U)  # every working program gets >= 1 unit; pid >= U: none
+    u = pid * U // P
+    hi = tl.where(pid < P, (pid + 1) * U // P, 0)
+    while u < hi:
+        i = u // G
+        g0 = u - i * G
+        g1 = tl.minimum(G, g0 + hi - u)
+        t = i // NT
+        pid_n = i - t * NT
+        e = tl.load(tile_e_ptr + t)
+        rp, m_ok, r, arow, j, rn, n_ok, a_row, w_row, sw_row = _tile(
+            a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, t, pid_n, w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es,
+            sw_rs, N, K, TOPK, STAGE1, BM, BN)
+        acc = _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, g0 * SUB, tl.minimum(g1 * SUB, KB), KB,
+                     WR, BM, SUB, SWAP, PACKED)
+        done = (g0 == 0) & (g1 == G)  # the whole item here: its epilogue, no segment
+        if not done:
+            # programs holding item i's first and last unit: p(u) = ceil((u + 1) P / U) - 1
+            p_first = ((i * G + 1) * P + U - 1) // U - 1
+            p_last = ((i + 1) * G * P + U - 1) // U - 1
+            tile = tl.arange(0, BM)[:, None] * WR + j[None, :]
+            tl.store(part_ptr + (pid + i).to(tl.int64) * (BM * WR) + tile, acc)
+            tl.debug_barrier()  # every thread's segment stored before the arrival (see gemm_triton._fold_tile)
+            done = tl.atomic_add(cnt_ptr + i, 1, sem="acq_rel") == p_last - p_first
+            if done:  # the last segment to arrive: the item's segments in K order from +0
+                acc = tl.zeros([BM, WR], dtype=tl.float32)
+                for q in range(p_first, p_last + 1):
+                    acc = acc + tl.load(part_ptr + (q + i).to(tl.int64) * (BM * WR) + tile, cache_modifier=".cg")
+        if done:
+            _epilogue(acc, r, rp, m_ok, rn, n_ok, pid_n, rw_ptr, out_ptr, os_ptr, os_rs, N, limit, STAGE1, BM, BN)
+        u += g1 - g0
 
 
 @triton.jit
@@ -290,12 +377,19 @@ def _splits(k: int, splits: int) -> tuple[int, int]:
     return ksb, triton.cdiv(kb, ksb)
 
 
-def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_rows, counters):
+def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_rows, counters, stream=0):
     """One `_moe_gemm_kernel` launch, K split in `splits` runs of whole SUB blocks when > 1 (the last split
-    of a tile to finish adds them and runs the epilogue). args: the kernel's arguments up to `limit`;
-    launch: Triton launch options (num_warps, num_stages[, maxnreg]); counters: int32 [tiles * cdiv(n, bn)],
-    zero (used with a split)."""
+    of a tile to finish adds them and runs the epilogue), or with `stream` > 0 one `_moe_stream_kernel` launch
+    of that many programs. args: the kernel's arguments up to `limit`; launch: Triton launch options
+    (num_warps, num_stages[, maxnreg]); counters: int32 [tiles * cdiv(n, bn)], zero (used with a split or
+    stream)."""
     sub = _sub(k // 32)
+    if stream:
+        wr = 2 * bn if stage1 else bn
+        part = torch.empty((stream + tiles * triton.cdiv(n, bn)) * bm * wr, dtype=torch.float32, device=args[0].device)
+        _moe_stream_kernel[(stream,)](*args, part, tiles, counters, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
+                                      PACKED=packed and sub == 4, TP=triton.next_power_of_2(tiles), **launch)
+        return
     ksb, splits = _splits(k, splits)
     part = args[0]  # unused without a split
     if splits > 1:
@@ -307,9 +401,11 @@ def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_
 
 @moe_experts.triton_impl
 def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, config=None):
-    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP[, S1, S2[, MAXNREG]]])
-    overrides pick_config (SWAP defaults to False; S1 / S2: K splits of the two GEMMs, default 1; MAXNREG: a
-    register cap per thread for both GEMMs, which can fit more programs per SM; the same bits). Without a config,
+    """Same contract as the twin; `config` = (BM, BN1, BN2, num_warps, num_stages[, SWAP[, S1, S2[, MAXNREG[,
+    STREAM]]]]) overrides pick_config (SWAP defaults to False; S1 / S2: K splits of the two GEMMs, default 1;
+    MAXNREG: a register cap per thread for both GEMMs, which can fit more programs per SM, the same bits;
+    STREAM: both GEMMs as `_moe_stream_kernel` launches of STREAM programs per SM (a fraction allowed),
+    S1 / S2 unused). Without a config,
     calls with many pairs per expert run the bf16 prefill path (`moe_prefill.bf16_prefill`), and decode
     calls outside deterministic mode split K (`split_counts`; a row's bits then depend on the split)."""
     t, k = ids.shape
@@ -334,12 +430,13 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     swap = bool(rest and rest[0])
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
     launch = dict(num_warps=warps, num_stages=stages) | ({"maxnreg": rest[3]} if len(rest) >= 4 and rest[3] else {})
+    stream = max(1, round(rest[4] * _sm_count(x.device))) if len(rest) >= 5 and rest[4] else 0
     route = routing_tiles_fused if rows <= ROUTING_ROWS else routing_tiles  # same integers
     perm, wt, te, first, end = route(ids, weights, n_exp, bm)
     tiles = te.numel()
     # arrival counters of the split GEMMs (stage 1's, then stage 2's), zeroed by the quant launch
-    c1 = tiles * triton.cdiv(inter, bn1) if _splits(hid, sp1)[1] > 1 else 0
-    c2 = tiles * triton.cdiv(hid, bn2) if _splits(inter, sp2)[1] > 1 else 0
+    c1 = tiles * triton.cdiv(inter, bn1) if stream or _splits(hid, sp1)[1] > 1 else 0
+    c2 = tiles * triton.cdiv(hid, bn2) if stream or _splits(inter, sp2)[1] > 1 else 0
     cnt = torch.empty(max(c1 + c2, 1), dtype=torch.int32, device=x.device)
     qx, sx = mxfp8_quant_t(x.contiguous(), evens_first=True, zero=cnt[: c1 + c2])
     qh = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
@@ -347,10 +444,10 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     packed = swap and all(_word_rows(sc) for sc in (s1, s3, s2))
     _gemm((qx, sx, t, perm, te, first, end, n_exp, w1, w3, w1.stride(0), w1.stride(1), s1, s3, s1.stride(0),
            s1.stride(1), wt, qh, sh, rows, inter, hid, k, float(limit)),
-          tiles, inter, hid, bm, bn1, launch, swap, packed, sp1, True, rows, cnt)
+          tiles, inter, hid, bm, bn1, launch, swap, packed, sp1, True, rows, cnt, stream)
     _gemm((qh.view(torch.float8_e4m3fn), sh, rows, perm, te, first, end, n_exp, w2, w2, w2.stride(0), w2.stride(1),
            s2, s2, s2.stride(0), s2.stride(1), wt, out, sh, rows, hid, inter, k, float(limit)),
-          tiles, hid, inter, bm, bn2, launch, swap, packed, sp2, False, rows, cnt[c1:] if c2 else cnt)
+          tiles, hid, inter, bm, bn2, launch, swap, packed, sp2, False, rows, cnt[c1:] if c2 else cnt, stream)
     return out
 
 

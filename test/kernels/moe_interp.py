@@ -43,6 +43,13 @@ def main() -> int:
         for cfg in ((16, 64, 128, 4, 1, True, 2, 3), (16, 64, 128, 4, 1, True, 3, 2), (16, 32, 64, 4, 1, True, 4, 5),
                     (16, 64, 128, 4, 1, True, 2, 3, 80)):  # + a register cap (MAXNREG)
             assert_moe_close(moe_experts_triton(*args, 10.0, config=cfg), want)
+        # stream-K: half a program per SM (every item cut into segments of one or two units), and 7 programs in all
+        # (runs of whole items and of segments); each twice in a row (counters zeroed by each call)
+        for cfg in ((16, 64, 128, 4, 1, True, 1, 1, None, 0.5), (16, 64, 128, 4, 1, True, 1, 1, None, 7 / 132),
+                    (32, 64, 64, 4, 1, True, 1, 1, None, 5 / 132)):
+            first = moe_experts_triton(*args, 10.0, config=cfg)
+            assert_moe_close(first, want)
+            assert torch.equal(moe_experts_triton(*args, 10.0, config=cfg).view(torch.int16), first.view(torch.int16))
 
     def gemm_configs():
         from dsv41_kernels.gemm_triton import fp4_linear_triton, fp8_linear_triton

@@ -96,6 +96,25 @@ def test_moe_k_split(t, monkeypatch):
     assert torch.equal(moe_experts_triton(*args, 10.0).view(torch.int16), plain.view(torch.int16))
 
 
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_moe_stream_k(t):
+    """The stream-K schedule (`_moe_stream_kernel`, config element STREAM): within the twin's tolerance at 1 /
+    4 programs per SM (items cut into segments, the last arrival folds them) and with few programs (runs of
+    whole items); the same bits on a second call and under a register cap (MAXNREG 128)."""
+    from dsv41_kernels.moe_triton import moe_experts_triton, pick_config
+
+    ops = _ops()
+    args = build_moe(t, 6, 16, 1024, 768, seed=90 + t, device="cuda")
+    want = ops.moe_experts.torch(*args, 10.0)
+    base = pick_config(t * 6, 16)
+    for per_sm in (1, 4, 0.05):
+        cfg = base + (1, 1, None, per_sm)
+        got = moe_experts_triton(*args, 10.0, config=cfg)
+        assert_moe_close(got, want, f"moe_experts stream {cfg}")
+        again = moe_experts_triton(*args, 10.0, config=base + (1, 1, 128, per_sm))
+        assert torch.equal(again.view(torch.int16), got.view(torch.int16)), f"stream {cfg}: second call / MAXNREG 128"
+
+
 @pytest.mark.parametrize("t, k, e", [(1, 6, 16), (8, 6, 16), (64, 6, 16), (85, 6, 384), (256, 2, 3)])
 def test_fused_routing_tables(t, k, e):
     """The one-launch routing tables equal the torch ops' integers on the GPU."""
