@@ -82,7 +82,7 @@ def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
     return list(dict.fromkeys(out))
 
 
-def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "cuda", experts=(16, 256)) -> list[dict]:
     """MOE_CONFIGS (one pass, bits against the first), then the fast-mode candidates (`fast_moe_configs`,
     max |diff| to the pick), and the pick with the routing tables from torch ops instead of the one launch
     of `moe_routing_triton` (bits must be equal)."""
@@ -90,7 +90,7 @@ def sweep_moe(bench_graph, record, expert_weights, peak_bw: float, dev: str = "c
     from dsv41_kernels.moe_triton import moe_experts_triton, pick_config
 
     out = []
-    for n_exp in (16, 256):
+    for n_exp in experts:
         w1, s1 = expert_weights(n_exp, INTER, HID)
         w3, s3 = expert_weights(n_exp, INTER, HID)
         w2, s2 = expert_weights(n_exp, HID, INTER)
