@@ -351,6 +351,22 @@ def pick_config(rows: int, n_experts: int = 0) -> tuple[int, int, int, int, int,
     return 64, 32, 32, 4, 4, False
 
 
+STREAM_PER_SM = 2
+"""Fast mode, decode calls on 32-pair tiles (WIDE_PAIRS_PER_EXPERT): both GEMMs on the stream-K schedule
+(`_moe_stream_kernel`) with this many programs per SM. H100, hidden 5120, inter 2304, 16 experts, 64 tokens
+(benchmark/results/2026-12-06-h100-moe-stream.md): 338.3 us vs 384.0 for the unsplit pick and 363.5 for a
+(2, 2) K split; 4 programs per SM under a 128-register cap 393.7. On 16-pair tiles (1 and 8 tokens) it lost
+(112.4 vs 101.6 us, 229.0 vs 215.4), so those keep `split_counts`."""
+
+
+def fast_decode_tail(rows: int, n_exp: int, inter: int, hid: int, config: tuple, device) -> tuple:
+    """What fast mode appends to a SWAP decode pick: (1, 1, None, STREAM_PER_SM) on 32-pair tiles, else the
+    K splits of `split_counts`."""
+    if config[0] >= 32:
+        return (1, 1, None, STREAM_PER_SM)
+    return split_counts(rows, n_exp, inter, hid, *config[:3], device)
+
+
 def split_counts(rows: int, n_exp: int, inter: int, hid: int, bm: int, bn1: int, bn2: int, device) -> tuple[int, int]:
     """K splits (stage 1, stage 2) of a fast-mode decode call: busy tiles are at most min(rows, experts)
     (+ one per expert boundary inside a tile); splits of whole SUB = 4 blocks, at least 8 blocks each."""
@@ -407,7 +423,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     STREAM: both GEMMs as `_moe_stream_kernel` launches of STREAM programs per SM (a fraction allowed),
     S1 / S2 unused). Without a config,
     calls with many pairs per expert run the bf16 prefill path (`moe_prefill.bf16_prefill`), and decode
-    calls outside deterministic mode split K (`split_counts`; a row's bits then depend on the split)."""
+    calls outside deterministic mode split K or run stream-K (`fast_decode_tail`; a row's bits then depend
+    on the split)."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -425,7 +442,7 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     if config is None:
         config = pick_config(rows, n_exp)
         if config[5] and not deterministic():
-            config = config + split_counts(rows, n_exp, inter, hid, *config[:3], x.device)
+            config = config + fast_decode_tail(rows, n_exp, inter, hid, config, x.device)
     bm, bn1, bn2, warps, stages, *rest = config
     swap = bool(rest and rest[0])
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
@@ -488,4 +505,5 @@ def moe_combine_triton(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tens
     return out
 
 
-__all__ = ["DECODE_ROWS", "moe_combine_triton", "moe_experts_triton", "pick_config", "routing_tiles", "split_counts"]
+__all__ = ["DECODE_ROWS", "fast_decode_tail", "moe_combine_triton", "moe_experts_triton", "pick_config",
+           "routing_tiles", "split_counts"]
