@@ -101,7 +101,7 @@ def cases():
     for name, n, k in (("wq_a", 1280, 5120), ("wo_b", 5120, 8192), ("shared w1", 2304, 5120)):
         cfg = gemm_triton.pick_config(8, n, k, "cpu", fast=True)
         bm, bn, warps, stages, ks, swap, *fold = cfg
-        const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]), LAST=bool(fold and fold[0]))
+        const = dict(FP4=False, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold and fold[0]))
         out.append((f"_block_partials_kernel {name} M=8 (KS {ks})", gemm_triton._block_partials_kernel, DENSE_TYPES,
                     DENSE_ODD, const, warps, stages))
     for t in (8, 64):

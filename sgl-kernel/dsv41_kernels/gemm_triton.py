@@ -52,7 +52,7 @@ def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, z_ptr, NZ, BLOCK_G:
     unit column stride) -> q uint8 [M, K] (e4m3 bytes), s fp32 [KB, M]; G = M * KB groups.
     Same bytes as quant.fp8.mxfp8_quant; EVENS_FIRST: each 32-block's bytes stored in `K_EVENS_FIRST` order.
     Also sets z int32 [NZ] to 0 (the arrival counters of the GEMM launched next, `_block_partials_kernel`
-    LAST; NZ = 0: none)."""
+    FOLD, or the MoE's split / stream-K launches; NZ = 0: none)."""
     for i in range(tl.program_id(0) * BLOCK_G, NZ, tl.num_programs(0) * BLOCK_G):
         z = i + tl.arange(0, BLOCK_G)
         tl.store(z_ptr + z, tl.zeros([BLOCK_G], dtype=tl.int32), mask=z < NZ)
@@ -263,7 +263,6 @@ def _scaled_mm_kernel(
 def _block_partials_kernel(
     x_ptr, x_rs, sa_ptr, w_ptr, w_rs, sw_ptr, sw_rs, p_ptr, M, N, K, KS, cnt_ptr, out_ptr, out_rs,
     FP4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr, FOLD: tl.constexpr,
-    LAST: tl.constexpr,
 ):
     """Split-K, pass 1 (decode, M <= BM): program (weight rows pid_n * BN.., K blocks pid_k * KS..).
     x: MXFP8 bytes e4m3 [M, K] (row stride x_rs = K), sa_ptr their scales fp32 [K/32, M] (`mxfp8_quant_t`).
@@ -271,12 +270,11 @@ def _block_partials_kernel(
     Ordered (FOLD False): writes P [K/32, M, N] fp32, P[kb, m, n] = fp8 partial of block kb * (sa[m, kb] *
     sw[n, kb]) - the exact scaled partial `_scaled_mm_kernel` adds (power-of-two scales).
     FOLD (fast mode): adds its KS scaled partials in K order from +0 (acc = fma(p, s, acc), the one-pass
-    kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N].
+    kernel's step) and writes that chunk sum once: P [cdiv(K/32, KS), M, N]; the program of a weight-row
+    tile that arrives last (counter cnt int32 [cdiv(N, BN)], zeroed before the launch) adds the tile's
+    chunk sums in chunk order (`_fold_tile`) and writes out bf16 [M, N] (row stride out_rs).
     Weights as in `_scaled_mm_kernel`. SWAP: the weight rows are the MMA's M side (BN >= 64), the few
-    activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma).
-    LAST (with FOLD): the program of a weight-row tile that arrives last (counter cnt int32 [cdiv(N, BN)],
-    zeroed before the launch) adds the tile's chunk sums in chunk order (`_fold_tile`) and writes out bf16
-    [M, N] (row stride out_rs): `_ordered_sum_kernel`'s sum without its launch."""
+    activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KB = K // 32
@@ -302,8 +300,7 @@ def _block_partials_kernel(
         sa, sw = nsa, nsw
     if FOLD:
         _store_partial(p_ptr + pid_k.to(tl.int64) * M * N, acc, rm, rn, m_ok, n_ok, N, SWAP)
-        if LAST:
-            _fold_tile(p_ptr, cnt_ptr + pid_n, out_ptr, out_rs, rm, rn, m_ok, n_ok, M, N, tl.num_programs(1), BM, BN)
+        _fold_tile(p_ptr, cnt_ptr + pid_n, out_ptr, out_rs, rm, rn, m_ok, n_ok, M, N, tl.num_programs(1), BM, BN)
 
 
 @triton.jit
@@ -438,7 +435,7 @@ def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swa
     (`mxfp8_quant_t`), P [K/32, M, N] fp32 of exact scaled block partials, then their sum in K order
     (`_ordered_sum_kernel`). Folded: two, the quant (which also zeroes one arrival counter per weight-row
     tile) and P [cdiv(K/32, ks), M, N] of chunk sums, whose last program per tile adds them in chunk order
-    (LAST, the same sum). (Quantizing inside the partials kernel saved the first launch, but each of
+    (the same sum). (Quantizing inside the partials kernel saved the first launch, but each of
     the N / BN weight-tile programs then quantized the same rows again: `bench` decode step at batch 8 on
     an H100, 8.24 ms vs 8.02 ms this way; benchmark/results/2026-12-05-h100-decode-stats.md.)"""
     kb = k // BLOCK
@@ -449,8 +446,7 @@ def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swa
     xq, sa = mxfp8_quant_t(x2, zero=count if fold else None)
     _block_partials_kernel[(tiles, triton.cdiv(kb, ks))](
         xq, xq.stride(0), sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks, count, out, out.stride(0),
-        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), LAST=bool(fold), num_warps=warps, num_stages=stages,
-        **NO_FMA)
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA)
     if not fold:
         block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
         _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block,

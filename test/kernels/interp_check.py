@@ -40,7 +40,7 @@ def main() -> int:
 
 def folded_split_cases(assert_match) -> int:
     """The folded split-K whose last program per weight-row tile adds the chunk sums (gemm_triton
-    `_block_partials_kernel` LAST): chunks of one K block give the one-pass kernel's bits (every scaled
+    `_block_partials_kernel` FOLD): chunks of one K block give the one-pass kernel's bits (every scaled
     partial is exact, so both add the same values in the same order), twice in a row (the arrival counters
     are zeroed by each call's quant launch); chunks of three blocks are within the twin's tolerance."""
     import torch
