@@ -55,7 +55,12 @@ ROUTE_ODD = {"E", "b_rs"}
 SWIGLU_TYPES = dict(g_ptr="*bf16", g_rs="i32", u_ptr="*bf16", u_rs="i32", w_ptr="*fp32", out_ptr="*i16", out_rs="i32",
                     N="i32", limit="fp32")
 SWIGLU_ODD: set = set()
-NO_FUSION = {"_block_partials_kernel", "_route_kernel", "_swiglu_kernel"}
+ENTER_TYPES = dict(r_ptr="*bf16", r_ts="i32", r_ns="i32", part_ptr="*fp32", PS="i32", mix_ptr="*fp32", base_ptr="*fp32",
+                   scale_ptr="*fp32", pre_ptr="*fp32", post_ptr="*fp32", comb_ptr="*fp32", prev_ptr="*fp32",
+                   w_ptr="*bf16", col_ptr="*bf16", out_ptr="*bf16", T="i32", iters="i32", hc_eps="fp32",
+                   norm_eps="fp32")
+ENTER_ODD = {"T", "PS", "iters"}
+NO_FUSION = {"_block_partials_kernel", "_route_kernel", "_swiglu_kernel", "_mhc_enter_kernel"}
 """Kernels launched with NO_FMA (enable_fp_fusion=False), compiled the same way here."""
 
 
@@ -115,6 +120,14 @@ def cases():
                 dict(K=6, KP=8, BE=512, NORM=True, FORCED=False), 4, 1))
     out.append(("_swiglu_kernel, shared expert h", router_triton._swiglu_kernel, SWIGLU_TYPES, SWIGLU_ODD,
                 dict(HAS_W=False, CLAMP=True, BLOCK=1024), 4, 1))
+    from dsv41_kernels import mhc_enter_triton
+    from sglang_dsv41.reduction import cascade_step
+
+    for c in (80, 1):  # the decode mix's FAST_CHUNK partials (fast mode), and a folded mix
+        const = dict(N=4, NP=4, H=5120, MIXP=32, C=c, STEP=cascade_step(640), G=8, HSTEP=cascade_step(160), HG=8,
+                     ROWS=1, CH=1024, BF16=True)
+        out.append((f"_mhc_enter_kernel, 1 row per program, {c} mix part(s)", mhc_enter_triton._mhc_enter_kernel,
+                    ENTER_TYPES, ENTER_ODD, const, 4, 1))
     return out
 
 

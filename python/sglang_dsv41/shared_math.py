@@ -221,6 +221,18 @@ def mhc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return acc.to(streams.dtype)
 
 
+def mhc_enter(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+              hc_eps: float, norm_eps: float, prev_pre: torch.Tensor,
+              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Entering a sublayer site: streams [T, n, H] bf16|fp32, the site's fn [(2+n)n, nH], base, scale (fp32),
+    the previous site's prev_pre [T, n] fp32, the sublayer's norm weight [H] -> (pre, post, comb) of the site
+    (`mhc_gates` of mix = `fp32_linear(flat(streams), fn)`) and the sublayer input
+    x [T, H] = rms_norm(mhc_collapse(streams, prev_pre), weight, norm_eps) (the lag, layers/mhc.py)."""
+    flat = streams.flatten(1)
+    pre, post, comb = mhc_gates(flat, fp32_linear(flat, fn), base, scale, iters, hc_eps, norm_eps)
+    return pre, post, comb, rms_norm(mhc_collapse(streams, prev_pre), weight, norm_eps)
+
+
 def mhc_expand(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """y [T, H], streams [T, n, H] (bf16|fp32), post [T, n], comb [T, n, n] fp32 (row-major (j, k))
     -> R' [T, n, H] in y's dtype, per output stream k, in fp32:

@@ -189,11 +189,35 @@ def pick_config(m: int, n: int, k: int, tc: bool, device, fast: bool | None = No
     return bm, bn, bk, swap, split, warps, stages
 
 
-def _operand(t: torch.Tensor) -> torch.Tensor:
+def operand(t: torch.Tensor) -> torch.Tensor:
     """bf16 / fp32 as stored (unit column stride); other float dtypes widened like the twin's .float()."""
     if t.dtype not in (torch.bfloat16, torch.float32):
         t = t.float()
     return t if t.stride(-1) == 1 or t.size(-1) <= 1 else t.contiguous()
+
+
+def linear_parts(x2: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
+    """x2 [M, K] bf16|fp32 (unit column stride), w [N, K] bf16|fp32 (`operand`s), M and N > 0 -> fp32
+    [C, M, N]: with C > 1 the chunk partials of a SPLIT launch (`_fold_chunks_kernel`'s fold, or a
+    consumer's that adds them in the same order, gives the result), with C = 1 the result itself. One
+    launch; `config` as `fp32_linear_triton`."""
+    m, k = x2.shape
+    n = w.size(0)
+    tc = x2.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
+    bm, bn, bk, swap, split, warps, stages, *chunk = config or pick_config(m, n, k, tc, x2.device)
+    chunk = chunk[0] if chunk else CHUNK
+    assert chunk % bk == 0, f"config {config}: the chunk must be a multiple of BK"
+    # bf16: the MMA's M side a multiple of 64 on whole warpgroups, so every config is one warpgroup MMA
+    assert not tc or ((bn if swap else bm) % 64 == 0 and warps % 4 == 0), f"bf16 config {config} is not wgmma"
+    assert not swap or tc, "SWAP tiles are for bf16 x bf16 only"
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    chunks = triton.cdiv(k, chunk)
+    split = bool(split) and chunks > 1
+    dst = torch.empty(chunks if split else 1, m, n, dtype=torch.float32, device=x2.device)
+    _fp32_gemm_kernel[(tiles, chunks) if split else (tiles,)](
+        x2, x2.stride(0), w, w.stride(0), dst, m, n, k, BM=bm, BN=bn, BK=bk, OPER=DOT_DTYPE if tc else tl.float32,
+        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=chunk, num_warps=warps, num_stages=stages)
+    return dst
 
 
 @fp32_linear.triton_impl
@@ -205,29 +229,17 @@ def fp32_linear_triton(x: torch.Tensor, w: torch.Tensor, config: tuple | None = 
     n, k = w.shape
     assert x.shape[-1] == k, (x.shape, w.shape)
     lead = x.shape[:-1]
-    x2, w = _operand(x.reshape(-1, k)), _operand(w)
+    x2, w = operand(x.reshape(-1, k)), operand(w)
     m = x2.size(0)
-    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
-        return out.reshape(*lead, n)
-    tc = x2.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
-    bm, bn, bk, swap, split, warps, stages, *chunk = config or pick_config(m, n, k, tc, x.device)
-    chunk = chunk[0] if chunk else CHUNK
-    assert chunk % bk == 0, f"config {config}: the chunk must be a multiple of BK"
-    # bf16: the MMA's M side a multiple of 64 on whole warpgroups, so every config is one warpgroup MMA
-    assert not tc or ((bn if swap else bm) % 64 == 0 and warps % 4 == 0), f"bf16 config {config} is not wgmma"
-    assert not swap or tc, "SWAP tiles are for bf16 x bf16 only"
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    chunks = triton.cdiv(k, chunk)
-    split = bool(split) and chunks > 1
-    dst = torch.empty(chunks, m, n, dtype=torch.float32, device=x.device) if split else out
-    _fp32_gemm_kernel[(tiles, chunks) if split else (tiles,)](
-        x2, x2.stride(0), w, w.stride(0), dst, m, n, k, BM=bm, BN=bn, BK=bk, OPER=DOT_DTYPE if tc else tl.float32,
-        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=chunk, num_warps=warps, num_stages=stages)
-    if split:
-        block = 256
-        _fold_chunks_kernel[(triton.cdiv(m * n, block),)](dst, out, m * n, C=chunks, BLOCK=block, num_warps=4)
+        return torch.empty(*lead, n, dtype=torch.float32, device=x.device)
+    parts = linear_parts(x2, w, config)
+    if parts.size(0) == 1:
+        return parts[0].reshape(*lead, n)
+    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    block = 256
+    _fold_chunks_kernel[(triton.cdiv(m * n, block),)](parts, out, m * n, C=parts.size(0), BLOCK=block, num_warps=4)
     return out.reshape(*lead, n)
 
 
-__all__ = ["CHUNK", "DECODE_MIX_ROWS", "FAST_CHUNK", "fp32_linear_triton", "pick_config"]
+__all__ = ["CHUNK", "DECODE_MIX_ROWS", "FAST_CHUNK", "fp32_linear_triton", "linear_parts", "operand", "pick_config"]

@@ -26,6 +26,15 @@ streams [T, n, H] bf16|fp32 (the residual streams R), pre / post [T, n] and comb
 then one round-to-nearest-even cast to the output dtype. The +0 start matters only for signed zeros
 (all-(-0) terms give +0). The twins' [T, H] fp32 temporaries are ~3n (collapse) and ~3n^2 (expand)
 launches on a GPU; the kernels (mhc_triton.py) read each input once and write the output once.
+
+    mhc_enter(streams, fn, base, scale, iters, hc_eps, norm_eps, prev_pre, weight) -> (pre, post, comb, x)
+
+A site's whole entry: its mix GEMM (`fp32_linear(flat(streams), fn)`), its gates, and the sublayer input
+x [T, H] = rms_norm(mhc_collapse(streams, prev_pre), weight, norm_eps) in the streams' dtype, prev_pre the
+previous site's pre (twin `shared_math.mhc_enter`: the ops above in sequence). The kernel
+(mhc_enter_triton.py) is two launches where the ops above take five: the GEMM's chunk partials, then one
+launch that folds them and runs the gates beside the collapse and norm; its bits are those of the
+fp32_linear, mhc_gates, mhc_collapse and rms_norm kernels called in sequence.
 """
 
 from __future__ import annotations
@@ -59,4 +68,14 @@ def mhc_expand(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb:
     return shared_math.mhc_expand(y, streams, post, comb)
 
 
+@register("mhc_enter")
+def mhc_enter(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+              hc_eps: float, norm_eps: float, prev_pre: torch.Tensor,
+              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [T, n, H], fn [(2+n)n, nH], base, scale, prev_pre [T, n], weight [H] -> (pre, post, comb, x [T, H])
+    (module docstring; twin `shared_math.mhc_enter`)."""
+    return shared_math.mhc_enter(streams, fn, base, scale, iters, hc_eps, norm_eps, prev_pre, weight)
+
+
 attach_kernels("dsv41_kernels.mhc_triton", "mhc_gates", "mhc_collapse", "mhc_expand")
+attach_kernels("dsv41_kernels.mhc_enter_triton", "mhc_enter")

@@ -43,13 +43,12 @@ def _ordered_fold(m, idx, N: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, iters,
-                      hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
-                      G: tl.constexpr, ROWS: tl.constexpr):
-    """x [T, D] (row stride x_rs, unit columns), mix [T, (2+N)N] (row stride mix_rs, unit columns), base
-    [(2+N)N], scale [3] -> pre, post [T, N], comb [T, N, N] contiguous fp32."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    ok = row < T
+def gates_rows(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters,
+               hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
+               G: tl.constexpr):
+    """The gates of rows `row` [R] int64 (live where ok): x [*, D] (row stride x_rs, unit columns), mix
+    [*, (2+N)N] (row stride mix_rs, unit columns), base [(2+N)N], scale [3] -> the same rows of pre, post
+    [*, N] and comb [*, N, N] contiguous fp32."""
     ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
     rstd = rms_rstd(ss, D * 1.0, norm_eps)  # [R]
     s0 = tl.load(scale_ptr)
@@ -83,6 +82,16 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
         m = tl.math.div_rn(m, _ordered_fold(m, kk, N, 2) + hc_eps)
         m = tl.math.div_rn(m, _ordered_fold(m, jj, N, 1) + hc_eps)
     tl.store(comb_ptr + row[:, None, None] * (N * N) + jj * N + kk, m, mask=ok3)
+
+
+@triton.jit
+def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, iters,
+                      hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
+                      G: tl.constexpr, ROWS: tl.constexpr):
+    """x [T, D], mix [T, (2+N)N] (`gates_rows`) -> pre, post [T, N], comb [T, N, N]; ROWS rows per program."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    gates_rows(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, row < T, iters,
+               hc_eps, norm_eps, N, NP, D, STEP, G)
 
 
 def _unit_cols(t: torch.Tensor) -> torch.Tensor:
@@ -158,9 +167,15 @@ def _collapse_kernel(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, T, H, N: tl.constexpr,
     """R [T, N, H] (strides r_ts, r_ns, 1), pre [T, N] contiguous fp32 -> out [T, H] contiguous."""
     tok = (tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB))[:, None]  # [TB, 1]
     col = (tl.program_id(1) * BH + tl.arange(0, BH))[None, :]  # [1, BH]
-    tok_ok = tok < T
+    collapse_tile(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, tok, col, tok < T, H, N, OUT_BF16)
+
+
+@triton.jit
+def collapse_tile(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, tok, col, tok_ok, H, N: tl.constexpr, OUT_BF16: tl.constexpr):
+    """The collapse of tokens tok [TB, 1] int64 (live where tok_ok) at columns col [1, BH] (< H live):
+    R [*, N, H] (strides r_ts, r_ns, 1), pre [*, N] contiguous fp32 -> out [*, H] contiguous."""
     ok = tok_ok & (col < H)
-    acc = tl.zeros([TB, BH], tl.float32)
+    acc = tl.zeros(ok.shape, tl.float32)
     for j in tl.static_range(N):
         r = tl.load(r_ptr + tok * r_ts + j * r_ns + col, mask=ok, other=0.0)
         p = tl.load(pre_ptr + tok * N + j, mask=tok_ok, other=0.0)
@@ -248,4 +263,4 @@ def mhc_expand_triton(y, streams, post, comb, tb: int | None = None, block_h: in
     return out
 
 
-__all__ = ["mhc_collapse_triton", "mhc_expand_triton", "mhc_gates_triton"]
+__all__ = ["collapse_tile", "gates_rows", "mhc_collapse_triton", "mhc_expand_triton", "mhc_gates_triton"]

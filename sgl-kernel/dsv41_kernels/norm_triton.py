@@ -16,11 +16,10 @@ from sglang_dsv41.reduction import cascade_step
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP: tl.constexpr,
-                     G: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
-    """x [M, D] (row stride x_rs, unit column stride) -> out [M, D] contiguous."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    ok = row < M
+def rms_norm_rows(x_ptr, x_rs, w_ptr, out_ptr, row, ok, eps, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr,
+                  CH: tl.constexpr, BF16_OUT: tl.constexpr):
+    """Rows `row` [R] int64 (live where ok) of x [*, D] (row stride x_rs, unit column stride) -> the same
+    rows of out [*, D] contiguous; CH columns per step of the output loop."""
     ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
     rstd = rms_rstd(ss, D * 1.0, eps)[:, None]
     for c in tl.static_range(0, D, CH):
@@ -34,6 +33,14 @@ def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP:
             tl.store(out_ptr + row[:, None] * D + col[None, :], bf16_round(y).to(tl.bfloat16), mask=m)
         else:
             tl.store(out_ptr + row[:, None] * D + col[None, :], y, mask=m)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP: tl.constexpr,
+                     G: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
+    """x [M, D] (row stride x_rs, unit column stride) -> out [M, D] contiguous."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rms_norm_rows(x_ptr, x_rs, w_ptr, out_ptr, row, row < M, eps, D, STEP, G, CH, BF16_OUT)
 
 
 @rms_norm.triton_impl
@@ -59,4 +66,4 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
     return out.view(x.shape)
 
 
-__all__ = ["rms_norm_triton"]
+__all__ = ["rms_norm_rows", "rms_norm_triton"]

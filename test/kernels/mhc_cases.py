@@ -6,6 +6,11 @@ mix_scale), base / scale fp32 at checkpoint-like magnitudes. `extreme` adds rows
 corners: a zero row (rstd = rsqrt(eps)), bf16 values whose squares overflow (rstd = 0), logits far
 apart (exp underflows to 0 and subnormals), a NaN mix, an inf mix, ties, mixes exactly 0.
 
+build_enter(t, n, h, ...) -> the arguments of `mhc_enter` (streams, fn, base, scale, iters, hc_eps,
+norm_eps, prev_pre, weight): build_gates' x as the streams, an fp32 fn at 1/sqrt(nH), prev_pre in
+0.1..1.1, a bf16 weight around 1. `enter_oracle(args, mix)` is the op's value given the mix GEMM's result
+(the twins of the gates, collapse and norm on it), for kernels whose GEMM order is not the twin's.
+
 build_streams(t, n, h, ...) -> (y, streams, pre, post, comb): the inputs of `mhc_collapse` /
 `mhc_expand`, streams and y at per-element magnitudes over 1e-6..1e6, gates of either sign over
 1e-3..1e1 (wider than the model's: pre, post > 0, comb in [0, 1]). `extreme` (t >= 12) adds rows of
@@ -41,6 +46,25 @@ def build_gates(t: int, n: int, h: int, seed: int, dtype: torch.dtype = torch.bf
         mix[6, 2 * n :] = 7.0 * rms[6]  # all Sinkhorn logits equal (ties in the row max)
         x[7] = x[7] * 1e-30  # mean square underflows below eps
     return x.to(dtype).to(device), mix.to(device), base.to(device), scale.to(device)
+
+
+def build_enter(t: int, n: int, h: int, seed: int, dtype: torch.dtype = torch.bfloat16, extreme: bool = False,
+                device: str = "cpu", iters: int = 20) -> tuple:
+    x, _, base, scale = build_gates(t, n, h, seed, dtype, extreme=extreme, device=device)
+    g = torch.Generator().manual_seed(seed + 1)
+    fn = torch.randn((2 + n) * n, n * h, generator=g) / (n * h) ** 0.5
+    prev = torch.rand(t, n, generator=g) + 0.1
+    weight = (1 + 0.2 * torch.randn(h, generator=g)).bfloat16()
+    return (x.view(t, n, h), fn.to(device), base, scale, iters, HC_EPS, NORM_EPS, prev.to(device), weight.to(device))
+
+
+def enter_oracle(args: tuple, mix: torch.Tensor) -> tuple:
+    """`mhc_enter`'s value given mix = the site's GEMM: (pre, post, comb, x) from the twins."""
+    from dsv41_kernels import ops
+
+    streams, _, base, scale, iters, hc_eps, norm_eps, prev, weight = args
+    gates = ops.mhc_gates.torch(streams.flatten(1), mix, base, scale, iters, hc_eps, norm_eps)
+    return (*gates, ops.rms_norm.torch(ops.mhc_collapse.torch(streams, prev), weight, norm_eps))
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

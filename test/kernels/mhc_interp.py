@@ -1,6 +1,6 @@
 """Runs the mHC Triton kernels through Triton's CPU interpreter against their twins, bit for bit (gates,
 stream collapse and expand), and the gates kernel's chunked sum of squares against
-`reduction.ordered_sum`; prints 'PASS name' / 'FAIL name: reason'. Start with TRITON_INTERPRET=1 (and
+`reduction.ordered_sum`, and the fused site entry (`mhc_enter`) against the twins given its GEMM; prints 'PASS name' / 'FAIL name: reason'. Start with TRITON_INTERPRET=1 (and
 ATEN_CPU_CAPABILITY=default: the interpreter runs torch's CPU exp / sigmoid, see mhc_triton.py).
 Oracle: `ops.mhc_gates.torch`, `ops.mhc_collapse.torch`, `ops.mhc_expand.torch`, `reduction.ordered_sum`."""
 
@@ -21,7 +21,8 @@ import triton.language as tl  # noqa: E402
 from dsv41_kernels import ops  # noqa: E402
 from dsv41_kernels.triton_numerics import ordered_sumsq  # noqa: E402
 from check_runner import run_checks  # noqa: E402
-from mhc_cases import assert_bits_equal, assert_gates_equal, build_gates, build_streams  # noqa: E402
+from mhc_cases import (assert_bits_equal, assert_gates_equal, build_enter, build_gates, build_streams,  # noqa: E402
+                       enter_oracle)
 from sglang_dsv41.reduction import cascade_step, ordered_sum  # noqa: E402
 
 # (t, n, h, rows, chunks, dtype, extreme, iters, mix_scale)
@@ -49,6 +50,17 @@ STREAM_CASES = [
     (5, 4, 5120, "bf16", "bf16", False, None, None),
     (12, 4, 80, "fp32", "bf16", True, 4, 32),
     (0, 4, 5120, "bf16", "bf16", False, None, None),
+]
+# (t, n, h, streams dtype, extreme, rows, mix GEMM config): the GEMM split in 2 and 4 chunk partials (the
+# kernel folds them) or not (C = 1), 13 rows in programs of 4, n = 3, fp32 streams, T = 0
+_SPLIT256 = (16, 32, 64, False, True, 4, 3, 256)
+ENTER_CASES = [
+    (5, 4, 128, "bf16", False, None, _SPLIT256),
+    (13, 4, 256, "bf16", True, 4, _SPLIT256),
+    (9, 4, 128, "bf16", True, 2, (16, 32, 64, False, False, 4, 3)),
+    (7, 3, 96, "bf16", False, None, (16, 32, 32, False, True, 4, 3, 96)),
+    (8, 4, 64, "fp32", True, 1, _SPLIT256),
+    (0, 4, 128, "bf16", False, None, None),
 ]
 SUMSQ_CASES = [(1, 1), (15, 1), (16, 1), (53, 1), (53, 4), (640, 8), (640, 16), (640, 1), (600, 2), (300, 8), (325, 16)]
 
@@ -110,6 +122,19 @@ def main() -> int:
         assert_bits_equal(got, ops.mhc_expand.torch(y, r, post, comb))
 
     checks.append(("mhc_collapse_expand-strided-inputs", streams_strided))
+
+    for t, n, h, dt, ex, rows, cfg in ENTER_CASES:
+        def enter(t=t, n=n, h=h, dt=dt, ex=ex, rows=rows, cfg=cfg):
+            dtype = torch.bfloat16 if dt == "bf16" else torch.float32
+            args = build_enter(t, n, h, seed=t * 13 + n * h, dtype=dtype, extreme=ex)
+            got = ops.mhc_enter.triton(*args, rows=rows, gemm_config=cfg)
+            mix = ops.fp32_linear.triton(args[0].flatten(1), args[1], config=cfg)
+            want = enter_oracle(args, mix)
+            assert_gates_equal(got[:3], want[:3], "gates")
+            assert_bits_equal(got[3], want[3], "x")
+            assert_bits_equal(got[3], ops.mhc_enter.torch(*args)[3], "x vs the twin")
+
+        checks.append((f"mhc_enter-t{t}-n{n}-h{h}-{dt}-extreme{ex}-rows{rows}-cfg{cfg}", enter))
 
     for nrows, g in SUMSQ_CASES:
         def sumsq(nrows=nrows, g=g):

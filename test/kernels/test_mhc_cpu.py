@@ -92,6 +92,39 @@ def test_block_slot_follows_the_kernels_policy(tiny_model):
         assert_gates_equal(a, b, what=site)
 
 
+def test_block_enter_follows_the_kernels_policy(tiny_model):
+    """With fp32_gemm, mhc and norm on kernels a Block's `enter` runs the table's `mhc_enter` (the weights,
+    eps and previous pre of the site handed over: the twin table gives the four slots' bits); a policy with
+    one of those families exact keeps the slots; exact() removes the op."""
+    from dataclasses import replace
+
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.numerics import Mode, NumericsPolicy, apply_numerics
+
+    block = tiny_model.layers[1]
+    n, h = tiny_model.cfg.hc.hc_mult, tiny_model.cfg.hidden_size
+    g = torch.Generator().manual_seed(9)
+    streams = (torch.randn(13, n, h, generator=g) * 3).bfloat16()
+    prev = torch.rand(13, n, generator=g) + 0.1
+    calls = []
+    table, counts = OpTable.twins().counting()
+    with torch.inference_mode():
+        want = [block.enter(site, streams, prev) for site in ("attn", "ffn")]
+        try:
+            apply_numerics(tiny_model, replace(NumericsPolicy.kernels(table), norm=Mode.EXACT))
+            assert "_enter" not in block.__dict__
+            apply_numerics(tiny_model, NumericsPolicy.kernels(table))
+            assert all(b.__dict__.get("_enter") is table.mhc_enter for b in tiny_model.layers)
+            got = [block.enter(site, streams, prev) for site in ("attn", "ffn")]
+            calls.append(counts[("mhc_enter", "torch")])
+        finally:
+            apply_numerics(tiny_model, NumericsPolicy.exact())
+    assert calls == [2] and all("_enter" not in b.__dict__ for b in tiny_model.layers)
+    for site, a, b in zip(("attn", "ffn"), got, want):
+        assert_gates_equal(a[:3], b[:3], what=site)
+        assert_bits_equal(a[3], b[3], what=site)
+
+
 def _old_collapse(streams, pre):
     """The former `layers.mhc.collapse` (oracle, kept verbatim)."""
     return (pre.unsqueeze(-1) * streams.float()).sum(dim=1).to(streams.dtype)
@@ -193,5 +226,5 @@ def test_mhc_stream_slots_follow_the_kernels_policy(tiny_model, tiny_reference):
 def test_mhc_kernel_under_interpreter():
     pytest.importorskip("triton")
     # the interpreter's exp / sigmoid are torch's CPU ones (mhc_triton.py): pin them to the scalar kernels;
-    # 11 gates + 11 sums of squares + 15 collapse / expand checks
-    run_script(Path(__file__).with_name("mhc_interp.py"), 37, pin_cpu_kernels=True)
+    # 11 gates + 11 sums of squares + 15 collapse / expand + 6 site entry checks
+    run_script(Path(__file__).with_name("mhc_interp.py"), 43, pin_cpu_kernels=True)

@@ -4,14 +4,17 @@ NaN / inf mixes); every launch config the benchmark may pick; the layer function
 CUDA-graph capture (no host sync). Stream collapse / expand (`mhc_collapse`, `mhc_expand`) at n = 4,
 H = 5120 for T = 1 .. 8192 with mhc_cases' extreme rows (inf, NaN, -0, near the bf16 maximum,
 subnormals), other n, fp32 streams, strided inputs, launch configs, the layer functions on CUDA, and
-CUDA-graph capture. Skipped without CUDA."""
+CUDA-graph capture. The fused site entry (`mhc_enter`) against the fp32_linear kernel followed by the
+gates / collapse / norm twins, bit for bit, in fast and deterministic mode (the GEMM split or not),
+and under CUDA-graph replay. Skipped without CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mhc_cases import HC_EPS, NORM_EPS, assert_bits_equal, assert_gates_equal, build_gates, build_streams
+from mhc_cases import (HC_EPS, NORM_EPS, assert_bits_equal, assert_gates_equal, build_enter, build_gates, build_streams,
+                       enter_oracle)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton kernels)")
 
@@ -151,3 +154,51 @@ def test_collapse_expand_no_host_sync():
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
+
+
+@pytest.mark.parametrize("t", [1, 8, 64, 300, 2048])
+@pytest.mark.parametrize("det", ["0", "1"])
+def test_enter_bitwise(t, det, monkeypatch):
+    """(pre, post, comb, x) of the fused entry = the twins of the gates, collapse and norm on the
+    fp32_linear kernel's mix (what the unfused kernels compute: they equal those twins bit for bit);
+    x, which does not depend on the mix, equals the whole twin; the mix within fp32 tolerance of it."""
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", det)
+    ops = _ops()
+    args = build_enter(t, 4, 5120, seed=t + 5, extreme=t >= 8, device="cuda")
+    got = ops.mhc_enter.triton(*args)
+    mix = ops.fp32_linear.triton(args[0].flatten(1), args[1])
+    want = enter_oracle(args, mix)
+    assert_gates_equal(got[:3], want[:3], what=f"t={t} det={det}")
+    assert_bits_equal(got[3], want[3], what=f"t={t} det={det} x")
+    assert_bits_equal(got[3], ops.mhc_enter.torch(*args)[3], what="x vs the twin")
+
+
+@pytest.mark.parametrize("launch", [dict(rows=1, num_warps=1), dict(rows=4), dict(rows=2, num_warps=8)],
+                         ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
+def test_enter_launch_configs(launch):
+    ops = _ops()
+    args = build_enter(37, 4, 5120, seed=6, extreme=True, device="cuda")
+    mix = ops.fp32_linear.triton(args[0].flatten(1), args[1])
+    got = ops.mhc_enter.triton(*args, **launch)
+    want = enter_oracle(args, mix)
+    assert_gates_equal(got[:3], want[:3], what=str(launch))
+    assert_bits_equal(got[3], want[3], what=str(launch))
+
+
+def test_enter_no_host_sync():
+    """Captured in a CUDA graph and replayed on new streams and previous pre: the bits of a direct call."""
+    ops = _ops()
+    args = build_enter(8, 4, 5120, seed=14, device="cuda")
+    ops.mhc_enter.triton(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.mhc_enter.triton(*args)
+    new = build_enter(8, 4, 5120, seed=15, device="cuda")
+    args[0].copy_(new[0])
+    args[7].copy_(new[7])
+    g.replay()
+    torch.cuda.synchronize()
+    want = ops.mhc_enter.triton(*args)
+    assert_gates_equal(out[:3], want[:3])
+    assert_bits_equal(out[3], want[3])

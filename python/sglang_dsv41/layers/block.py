@@ -6,6 +6,8 @@ lagged mHC schedule (a sublayer's input is collapsed with the previous site's `p
 3.4); the Engram step before them needs the row ids and runs in `DeepseekV41.forward`. The mHC math
 goes through the numerics slots `mhc_gates`, `mhc_collapse`, `mhc_expand` (defaults: layers.mhc), the
 mix GEMM through `fp32_gemm` (default: layers.linear.fp32_linear); sglang_dsv41/numerics.py.
+A site's entry (`enter`: mix GEMM, gates, collapse, norm) runs as the one op `mhc_enter` of the policy's
+table when fp32_gemm, mhc and norm all run kernels (`apply_numerics`; same bits as the four slots).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, fp32_linear
 from sglang_dsv41.layers.mhc import collapse, expand, gates, gates_plain
 from sglang_dsv41.layers.moe import MoE
 from sglang_dsv41.layers.norm import RMSNorm
-from sglang_dsv41.numerics import Slot
+from sglang_dsv41.numerics import Mode, Slot
 
 
 class Block(nn.Module):
@@ -68,6 +70,24 @@ class Block(nn.Module):
         """streams [N, n, H] bf16, pre [N, n] fp32 (previous site's) -> attention input x [N, H] bf16."""
         return self.attn_norm(self.mhc_collapse(streams, pre))
 
+    def enter(self, site: str, streams: torch.Tensor, prev_pre: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Entering site 'attn' or 'ffn': (pre, post, comb) of the site from its input streams [N, n, H] and
+        the sublayer input x [N, H] = norm(collapse(streams, prev_pre)) (prev_pre: the previous site's)."""
+        norm = self.attn_norm if site == "attn" else self.ffn_norm
+        fused = self.__dict__.get("_enter")
+        if fused is not None:
+            return fused(streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
+                         getattr(self, f"hc_{site}_scale"), self.hc_iters, self.hc_eps, self.norm_eps, prev_pre,
+                         norm.weight)
+        return (*self.hc_mix(site, streams), norm(self.mhc_collapse(streams, prev_pre)))
+
+    def apply_numerics(self, policy, shared: dict) -> None:
+        """Policy hook (numerics.apply_numerics), same bits: with fp32_gemm, mhc and norm all on kernels,
+        `enter` runs the table's `mhc_enter` (one op for the four slots' work)."""
+        self.__dict__.pop("_enter", None)
+        if all(getattr(policy, f) is Mode.KERNEL for f in ("fp32_gemm", "mhc", "norm")):
+            self.__dict__["_enter"] = policy.table.mhc_enter
+
     def forward(
         self, streams: torch.Tensor, pre: torch.Tensor, kv: KV, dec: Decisions, replay: Decisions | None = None,
         image_rows: torch.Tensor | None = None,
@@ -76,10 +96,10 @@ class Block(nn.Module):
         Records routed experts (and the attention's decisions) in `dec`; `replay` forces them.
         `image_rows` bool [N]: rows inside image spans (their own router bias)."""
         lid = self.role.layer_id
-        attn_pre, attn_post, attn_comb = self.hc_mix("attn", streams)
-        y = self.attn(self.attn_input(streams, pre), kv, dec, replay)
+        attn_pre, attn_post, attn_comb, x = self.enter("attn", streams, pre)
+        y = self.attn(x, kv, dec, replay)
         streams = self.mhc_expand(y, streams, attn_post, attn_comb)
-        ffn_pre, ffn_post, ffn_comb = self.hc_mix("ffn", streams)
+        ffn_pre, ffn_post, ffn_comb, x = self.enter("ffn", streams, attn_pre)
         forced = replay.forced("routed_experts", lid) if replay is not None else None
-        y, dec.routed_experts[lid] = self.ffn(self.ffn_norm(self.mhc_collapse(streams, attn_pre)), forced, image_rows)
+        y, dec.routed_experts[lid] = self.ffn(x, forced, image_rows)
         return self.mhc_expand(y, streams, ffn_post, ffn_comb), ffn_pre
