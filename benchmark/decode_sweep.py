@@ -19,6 +19,7 @@ addition order), the max |diff| to the first config is shown. The grouped MoE's 
 `--only decode_moe`'s fast-mode candidates.
 `--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
 `--only decode_stats` (`sweep_stats`): launch configs of the fixed-order RMS statistics (rms_norm, mhc_gates).
+`--only decode_enter` (`sweep_enter`): the mHC site entry (`mhc_enter`) beside the unfused chain it replaces.
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
 """
@@ -336,6 +337,50 @@ def sweep_stats(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[
             t0 = t0 or tv
             out.append(_row(record, peak_bw, "mhc_gates decode", f"t={t} n={n} H={HID} {cfg or 'default'}", tv, t0,
                             t * d * 2 + t * 24 * 4 * 2, 0, same, ref="twin"))
+    return out
+
+
+def sweep_enter(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    """A decode mHC site's entry at T = 8 / 64 (4 streams of 5120, fp32 fn [24, 20480]): the unfused chain
+    (fp32_linear, mhc_gates, mhc_collapse, rms_norm kernels: five launches with the mix's fold) first, then
+    `mhc_enter_triton` (two) over launch configs, then its mix GEMM alone (`linear_parts`: the part of the
+    time before the entry's own launch). `same`: (pre, post, comb, x) bits equal to the chain's. Time from
+    graph replays over 28 copies of the streams and fn (a step's 28 sites: working set past L2).
+    Reached by `python benchmark/kernels.py --only decode_enter`."""
+    from dsv41_kernels.fp32_gemm_triton import fp32_linear_triton, linear_parts
+    from dsv41_kernels.mhc_enter_triton import mhc_enter_triton
+    from dsv41_kernels.mhc_triton import mhc_collapse_triton, mhc_gates_triton
+    from dsv41_kernels.norm_triton import rms_norm_triton
+
+    def chain(r, fn, base, scale, iters, hc_eps, eps, prev, w):
+        flat = r.flatten(1)
+        gates = mhc_gates_triton(flat, fp32_linear_triton(flat, fn), base, scale, iters, hc_eps, eps)
+        return (*gates, rms_norm_triton(mhc_collapse_triton(r, prev), w, eps))
+
+    out, n = [], 4
+    for t in (8, 64):
+        sites = []
+        for i in range(28):
+            g = torch.Generator(device=dev).manual_seed(t * 100 + i)
+            r = torch.randn(t, n, HID, device=dev, generator=g).bfloat16()
+            fn = torch.randn((2 + n) * n, n * HID, device=dev, generator=g) * 0.01
+            sites.append((r, fn, torch.randn(24, device=dev, generator=g) * 0.1, torch.ones(3, device=dev), 20, 1e-6,
+                          1e-6, torch.rand(t, n, device=dev, generator=g), torch.rand(HID, device=dev, generator=g).bfloat16()))
+        nbytes = t * n * HID * 2 * 2 + 24 * n * HID * 4 + t * HID * 2
+        ref = chain(*sites[0])
+        t0 = tv = bench_graph([lambda a=a: chain(*a) for a in sites])
+        out.append(_row(record, peak_bw, "mhc site entry decode", f"t={t} unfused chain (5 launches)", tv, t0, nbytes, 0,
+                        True, ref="chain"))
+        for cfg in ({}, dict(num_warps=1), dict(num_warps=2), dict(num_warps=8)):
+            tv = bench_graph([lambda a=a, c=cfg: mhc_enter_triton(*a, **c) for a in sites])
+            got = mhc_enter_triton(*sites[0], **cfg)
+            same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                                   b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)) for a, b in zip(got, ref))
+            out.append(_row(record, peak_bw, "mhc site entry decode", f"t={t} mhc_enter {cfg or 'default'}", tv, t0,
+                            nbytes, 0, same, ref="chain"))
+        tv = bench_graph([lambda a=a: linear_parts(a[0].flatten(1), a[1]) for a in sites])
+        out.append(_row(record, peak_bw, "mhc site entry decode", f"t={t} its mix GEMM alone (linear_parts)", tv, t0,
+                        nbytes, 0, "-", ref="chain"))
     return out
 
 

@@ -640,6 +640,13 @@ def case_decode_fp32():
     report(sweep_fp32(bench_graph, record, PEAK_BW))
 
 
+def case_decode_enter():
+    """The mHC site entry, fused vs the unfused chain, at decode (decode_sweep.sweep_enter)."""
+    from decode_sweep import report, sweep_enter
+
+    report(sweep_enter(bench_graph, record, PEAK_BW))
+
+
 def case_decode_stats():
     """RMSNorm and mHC gate launch configs at decode (decode_sweep.sweep_stats)."""
     from decode_sweep import report, sweep_stats
@@ -778,7 +785,8 @@ def main() -> None:
                   "gemm": case_gemm, "moe": case_moe, "layers": case_layers, "decode": case_decode,
                   "decode_moe": case_decode_moe, "decode_dense": case_decode_dense,
                   "decode_fp32": case_decode_fp32, "decode_split": case_decode_split,
-                  "decode_mix": case_decode_mix, "decode_stats": case_decode_stats}[part]
+                  "decode_mix": case_decode_mix, "decode_stats": case_decode_stats,
+                  "decode_enter": case_decode_enter}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback
