@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41_kernels.dependent_launch import release
 from dsv41_kernels.fp32_gemm import fp32_linear
 from dsv41_kernels.gemm_triton import _sm_count
 from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET
@@ -87,6 +88,7 @@ def _fp32_gemm_kernel(
     Without SPLIT: grid (tiles,), out fp32 [M, N] contiguous. With SPLIT: grid (tiles, C), program
     (tile, c) writes P[c] to out = workspace fp32 [C, M, N]. CHUNK % BK == 0."""
     tl.static_assert(CHUNK % BK == 0)
+    release()  # a dependent launch after this one (`mhc_enter`) may start now
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     band = GROUP_M * num_n  # launch order: GROUP_M row tiles share each weight tile while it is in L2

@@ -1,12 +1,13 @@
 """Triton `mhc_enter` (`dsv41_kernels.mhc`): a sublayer site's entry in two launches.
 
 Launch 1 is the fp32 GEMM of the mix (`fp32_gemm_triton.linear_parts`): its chunk partials P [C, T, M]
-(M = (2+n)n), or with C = 1 the mix itself. Launch 2, grid (row blocks, 2), gives each block of ROWS rows
-two programs that run side by side:
-  role 0 (the site's gates): with C > 1 the fold mix = ((+0 + P[0]) + P[1]) + ... in chunk order (the
-         order of `fp32_gemm_triton._fold_chunks_kernel`, all C loads issued together), stored to a
-         scratch [T, M] and read back after a block barrier; then `mhc_triton.gates_rows`;
-  role 1 (the sublayer input): the collapse with the previous site's pre (`mhc_triton.collapse_tile`,
+(M = (2+n)n), or with C = 1 the mix itself. Launch 2, grid (row blocks, 2), is a dependent launch
+(`dependent_launch.py`: it starts while the GEMM runs) that gives each block of ROWS rows two programs:
+  role 0 (the site's gates): the statistic of the streams (`mhc_triton.gates_rstd`), then it waits for
+         the GEMM; with C > 1 the fold mix = ((+0 + P[0]) + P[1]) + ... in chunk order (the order of
+         `fp32_gemm_triton._fold_chunks_kernel`, all C loads issued together), stored to a scratch
+         [T, M] and read back after a block barrier; then `mhc_triton.gates_rows`;
+  role 1 (the sublayer input, nothing of the GEMM: no wait): the collapse with the previous site's pre (`mhc_triton.collapse_tile`,
          CH columns a step) stored to a scratch [T, H] in the streams' dtype, a block barrier, then
          `norm_triton.rms_norm_rows` over the scratch.
 Every value is the one the fp32_linear, mhc_gates, mhc_collapse and rms_norm kernels compute in sequence
@@ -21,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41_kernels.dependent_launch import DEPENDENT, wait
 from dsv41_kernels.fp32_gemm_triton import linear_parts, operand
 from dsv41_kernels.mhc import hc_mult, mhc_enter
-from dsv41_kernels.mhc_triton import collapse_tile, gates_rows
+from dsv41_kernels.mhc_triton import collapse_tile, gates_rows, gates_rstd
 from dsv41_kernels.norm_triton import rms_norm_rows
 from dsv41_kernels.triton_numerics import NO_FMA, stat_launch, sumsq_chunks
 from sglang_dsv41.reduction import cascade_step
@@ -55,14 +57,15 @@ def _mhc_enter_kernel(r_ptr, r_ts, r_ns, part_ptr, PS, mix_ptr, base_ptr, scale_
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = row < T
     if tl.program_id(1) == 0:
+        rstd = gates_rstd(r_ptr, r_ts, row, ok, norm_eps, N * H, STEP, G)
+        wait()  # the mix GEMM's partials from here on
         if C > 1:
             _fold_rows(part_ptr, PS, mix_ptr, row, ok, MIX, MIXP, C)
             tl.debug_barrier()
             src = mix_ptr
         else:
             src = part_ptr
-        gates_rows(r_ptr, r_ts, src, MIX, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters, hc_eps,
-                   norm_eps, N, NP, N * H, STEP, G)
+        gates_rows(rstd, src, MIX, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters, hc_eps, N, NP)
     else:
         for c in tl.static_range(0, H, CH):
             collapse_tile(r_ptr, r_ts, r_ns, prev_ptr, col_ptr, row[:, None], (c + tl.arange(0, CH))[None, :],
@@ -111,7 +114,7 @@ def mhc_enter_triton(streams, fn, base, scale, iters: int, hc_eps: float, norm_e
         max(int(iters), 1), float(hc_eps), float(norm_eps), N=n, NP=triton.next_power_of_2(n), H=h,
         MIXP=triton.next_power_of_2(mix_dim), C=c, STEP=step, G=sumsq_chunks(n * h, step), HSTEP=hstep,
         HG=sumsq_chunks(h, hstep), ROWS=rows, CH=min(1024, triton.next_power_of_2(h)),
-        BF16=streams.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
+        BF16=streams.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA, **DEPENDENT)
     return pre, post, comb, out
 
 

@@ -43,14 +43,19 @@ def _ordered_fold(m, idx, N: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
-def gates_rows(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters,
-               hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
-               G: tl.constexpr):
-    """The gates of rows `row` [R] int64 (live where ok): x [*, D] (row stride x_rs, unit columns), mix
-    [*, (2+N)N] (row stride mix_rs, unit columns), base [(2+N)N], scale [3] -> the same rows of pre, post
-    [*, N] and comb [*, N, N] contiguous fp32."""
+def gates_rstd(x_ptr, x_rs, row, ok, norm_eps, D: tl.constexpr, STEP: tl.constexpr, G: tl.constexpr):
+    """rsqrt(mean_square + norm_eps) fp32 [R] of rows `row` [R] int64 (live where ok) of x [*, D] (row
+    stride x_rs, unit columns): the gates' statistic."""
     ss = ordered_sumsq(x_ptr + row[:, None, None] * x_rs, ok[:, None, None], D, STEP, G)
-    rstd = rms_rstd(ss, D * 1.0, norm_eps)  # [R]
+    return rms_rstd(ss, D * 1.0, norm_eps)
+
+
+@triton.jit
+def gates_rows(rstd, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters, hc_eps,
+               N: tl.constexpr, NP: tl.constexpr):
+    """The gates of rows `row` [R] int64 (live where ok) given their `gates_rstd`: mix [*, (2+N)N] (row
+    stride mix_rs, unit columns), base [(2+N)N], scale [3] -> the same rows of pre, post [*, N] and comb
+    [*, N, N] contiguous fp32."""
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
@@ -90,8 +95,9 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
                       G: tl.constexpr, ROWS: tl.constexpr):
     """x [T, D], mix [T, (2+N)N] (`gates_rows`) -> pre, post [T, N], comb [T, N, N]; ROWS rows per program."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    gates_rows(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, row < T, iters,
-               hc_eps, norm_eps, N, NP, D, STEP, G)
+    ok = row < T
+    rstd = gates_rstd(x_ptr, x_rs, row, ok, norm_eps, D, STEP, G)
+    gates_rows(rstd, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters, hc_eps, N, NP)
 
 
 def _unit_cols(t: torch.Tensor) -> torch.Tensor:
@@ -263,4 +269,4 @@ def mhc_expand_triton(y, streams, post, comb, tb: int | None = None, block_h: in
     return out
 
 
-__all__ = ["collapse_tile", "gates_rows", "mhc_collapse_triton", "mhc_expand_triton", "mhc_gates_triton"]
+__all__ = ["collapse_tile", "gates_rows", "gates_rstd", "mhc_collapse_triton", "mhc_expand_triton", "mhc_gates_triton"]

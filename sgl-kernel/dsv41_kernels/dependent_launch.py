@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (Hopper): a kernel starts while the kernel before it still runs.
+
+A kernel launched with `DEPENDENT` (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, also inside a
+CUDA graph) may start once every program of the kernel before it has called `release()` (or exited);
+until it calls `wait()` it may read only what was complete before that kernel started, and write only
+memory that kernel does not touch. `wait()` returns when the kernel before it has completed, its writes
+visible. Both are no-ops for a kernel launched without the attribute, and under TRITON_INTERPRET=1
+(sequential launches; `DEPENDENT` is then empty).
+
+Users: `_fp32_gemm_kernel` releases at its start; `_mhc_enter_kernel` (launched DEPENDENT right after the
+mix GEMM) runs the collapse, norm and the gates' statistic before its `wait()`, the fold and the gates after.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv41_kernels.triton_numerics import INTERPRET
+
+DEPENDENT = {} if INTERPRET else {"launch_pdl": True}
+"""Launch options of a kernel that may start before the one before it has finished."""
+
+_GDC = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def release():
+    """Let the next kernel, if launched DEPENDENT, start (once every program has released or exited)."""
+    if _GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait():
+    """Block until the kernel before this one has completed and its writes are visible."""
+    if _GDC:
+        tl.extra.cuda.gdc_wait()
+
+
+__all__ = ["DEPENDENT", "release", "wait"]
