@@ -7,9 +7,9 @@ Launch 1 is the fp32 GEMM of the mix (`fp32_gemm_triton.linear_parts`): its chun
          the GEMM; with C > 1 the fold mix = ((+0 + P[0]) + P[1]) + ... in chunk order (the order of
          `fp32_gemm_triton._fold_chunks_kernel`, all C loads issued together), stored to a scratch
          [T, M] and read back after a block barrier; then `mhc_triton.gates_rows`;
-  role 1 (the sublayer input, nothing of the GEMM: no wait): the collapse with the previous site's pre (`mhc_triton.collapse_tile`,
-         CH columns a step) stored to a scratch [T, H] in the streams' dtype, a block barrier, then
-         `norm_triton.rms_norm_rows` over the scratch.
+  role 1 (the sublayer input; reads nothing of the GEMM, so no wait): the collapse with the previous
+         site's pre (`mhc_triton.collapse_tile`, CH columns a step) stored to a scratch [T, H] in the
+         streams' dtype, a block barrier, then `norm_triton.rms_norm_rows` over the scratch.
 Every value is the one the fp32_linear, mhc_gates, mhc_collapse and rms_norm kernels compute in sequence
 (same helpers, same orders, NO_FMA), so the op equals them bit for bit (test/kernels/test_mhc_gpu.py) and
 its twin within the fp32 GEMM's tolerance. The barrier makes a program's global stores visible to its own
