@@ -5,23 +5,35 @@ CUDA graph) may start once every program of the kernel before it has called `rel
 until it calls `wait()` it may read only what was complete before that kernel started, and write only
 memory that kernel does not touch. `wait()` returns when the kernel before it has completed, its writes
 visible. Both are no-ops for a kernel launched without the attribute, and under TRITON_INTERPRET=1
-(sequential launches; `DEPENDENT` is then empty).
+(sequential launches; `DEPENDENT` is then empty), or with SGLANG_DSV41_DEPENDENT_LAUNCH=0 (read once at
+import: every kernel then launches plainly, for A/B timing and for debugging).
 
-Users: `_fp32_gemm_kernel` releases at its start; `_mhc_enter_kernel` (launched DEPENDENT right after the
-mix GEMM) runs the collapse, norm and the gates' statistic before its `wait()`, the fold and the gates after.
+Every kernel of the package is launched DEPENDENT and starts with `begin()` (wait, then release): it does
+nothing before the kernel before it has completed, so the stream order holds as without the attribute,
+and what it saves is its launch, which overlaps the kernel before it. Since each kernel releases only
+after its wait, a kernel that starts runs after everything before the kernel before it has completed.
+One kernel does work before its wait: `_mhc_enter_kernel`, launched right after its mix GEMM, runs the
+collapse, norm and the gates' statistic (reading only the streams and weights) first, then waits for the
+GEMM's partials. Every kernel waits in at least one program before it completes, so "the kernel before
+it has completed" is transitive.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 from dsv41_kernels.triton_numerics import INTERPRET
 
-DEPENDENT = {} if INTERPRET else {"launch_pdl": True}
+ENABLED = not INTERPRET and os.environ.get("SGLANG_DSV41_DEPENDENT_LAUNCH", "1") != "0"
+"""Whether kernels launch DEPENDENT (read once, like INTERPRET)."""
+
+DEPENDENT = {"launch_pdl": True} if ENABLED else {}
 """Launch options of a kernel that may start before the one before it has finished."""
 
-_GDC = tl.constexpr(not INTERPRET)
+_GDC = tl.constexpr(ENABLED)
 
 
 @triton.jit
@@ -38,4 +50,12 @@ def wait():
         tl.extra.cuda.gdc_wait()
 
 
-__all__ = ["DEPENDENT", "release", "wait"]
+@triton.jit
+def begin():
+    """The start of a kernel that does nothing before the kernel before it has completed: `wait()`, then
+    `release()`."""
+    wait()
+    release()
+
+
+__all__ = ["DEPENDENT", "ENABLED", "begin", "release", "wait"]
