@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.attention_tiles import fp4_tile, window_tile
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.dequant_triton import bf16_path_allowed
 from dsv41_kernels.triton_numerics import INTERPRET, bf16_round
 from sglang_dsv41.shared_math import RUN_MAX_START
@@ -43,7 +42,6 @@ def _gather_keys_kernel(w16_ptr, w8_ptr, w_rs, ws_ptr, ws_st, c_ptr, c_rs, cs_pt
     """Program (row t, block b of BK keys): keys j = b*BK .. of row t (window slots j < W, then compressed
     slots j - W; a block never mixes the two) dequantized to bf16 -> out[t, j, :] (out [T, W + K, 2 * NP]
     contiguous). Slot -1: zeros."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     nwb = tl.cdiv(W, BK)
@@ -70,7 +68,6 @@ def _softmax_kernel(s_ptr, valid_ptr, sink_ptr, p_ptr, den_ptr, H, L, scale, run
                     HB: tl.constexpr, LP: tl.constexpr):
     """Program (row t, HB heads): s fp32 [T, H, L], valid bool [T, L], sink fp32 [H] -> P bf16 [T, H, L]
     (module docstring), den fp32 [T, H]."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     j = tl.arange(0, LP)
@@ -90,7 +87,6 @@ def _softmax_kernel(s_ptr, valid_ptr, sink_ptr, p_ptr, den_ptr, H, L, scale, run
 def _normalize_kernel(num_ptr, den_ptr, out_ptr, D: tl.constexpr):
     """Program (row t, head h): out[t, h, :] = bf16(num[t, h, :] / den[t, h]) (IEEE division, RNE cast);
     num fp32 [T, H, D], den fp32 [T, H], out bf16 [T, H, D], all contiguous."""
-    begin()
     r = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, D)
     num = tl.load(num_ptr + r * D + col)
@@ -123,7 +119,7 @@ def gather_keys(window_pool, window_slots, comp_pool, comp_slots) -> torch.Tenso
         _gather_keys_kernel[(t, triton.cdiv(w, bk) + triton.cdiv(kk, bk))](
             window_pool.view(torch.int16), window_pool, window_pool.stride(0), window_slots, window_slots.stride(0),
             comp_pool, comp_pool.stride(0), comp_slots, comp_slots.stride(0), out, w, kk,
-            NP=d // 2, BK=bk, FAST=not INTERPRET, num_warps=4, **DEPENDENT)
+            NP=d // 2, BK=bk, FAST=not INTERPRET, num_warps=4)
     return out
 
 
@@ -149,10 +145,9 @@ def attention_bf16(q, window_pool, window_slots, comp_pool, comp_slots, sink, sc
         den = torch.empty(hi - lo, h, dtype=torch.float32, device=q.device)
         hb = 8
         _softmax_kernel[(hi - lo, triton.cdiv(h, hb))](s, valid.contiguous(), sink, p, den, h, n_keys, float(scale),
-                                                      RUN_MAX_START, HB=hb, LP=triton.next_power_of_2(n_keys),
-                                                      num_warps=4, **DEPENDENT)
+                                                      RUN_MAX_START, HB=hb, LP=triton.next_power_of_2(n_keys), num_warps=4)
         del s
-        _normalize_kernel[((hi - lo) * h,)](_bmm32(p, keys), den, out[lo:hi], D=d, num_warps=4, **DEPENDENT)
+        _normalize_kernel[((hi - lo) * h,)](_bmm32(p, keys), den, out[lo:hi], D=d, num_warps=4)
     return out
 
 

@@ -31,7 +31,6 @@ import triton.language as tl
 
 from dsv41_kernels.attention import sparse_attention_paged
 from dsv41_kernels.attention_prefill import CHUNK_BYTES, attention_bf16, gather_keys, prefill_rows
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.triton_numerics import DOT_DTYPE, bf16_round
 from sglang_dsv41.shared_math import RUN_MAX_START
 from sglang_dsv41.determinism import deterministic
@@ -44,7 +43,6 @@ def _attn_kernel(
 ):
     """q bf16 [T, H, D] (rows q_st, heads q_sh, elements contiguous); keys bf16 [T, W + K, D] contiguous;
     slots int64 [T, W] / [T, K] (only their sign is read: -1 masks the key)."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     sp = tl.program_id(2)
@@ -88,7 +86,6 @@ def _attn_kernel(
 def _combine_kernel(po_ptr, pm_ptr, sink_ptr, out_ptr, o_st, o_sh, H, D: tl.constexpr, SPLITS: tl.constexpr):
     """Program (row t, head h): merges the SPLITS partials po fp32 [T, SPLITS, H, D], pm fp32 [T, SPLITS, H, 2]
     -> out[t, h, :] bf16."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS)
@@ -135,10 +132,9 @@ def _attend(q, keys, window_slots, comp_slots, sink, scale, out, config) -> None
     _attn_kernel[(t, triton.cdiv(h, hb), splits)](
         q, q.stride(0), q.stride(1), keys, window_slots, window_slots.stride(0), cs, cs.stride(0), sink, float(scale),
         out, po, pm, window_slots.size(1), kk, h, RUN_MAX_START,
-        D=d, HB=hb, SPLITS=splits, KB=kb, STAGES=stages, DOT_T=DOT_DTYPE, num_warps=warps, **DEPENDENT)
+        D=d, HB=hb, SPLITS=splits, KB=kb, STAGES=stages, DOT_T=DOT_DTYPE, num_warps=warps)
     if splits > 1:
-        _combine_kernel[(t, h)](po, pm, sink, out, out.stride(0), out.stride(1), h, D=d, SPLITS=splits, num_warps=4,
-        **DEPENDENT)
+        _combine_kernel[(t, h)](po, pm, sink, out, out.stride(0), out.stride(1), h, D=d, SPLITS=splits, num_warps=4)
 
 
 @sparse_attention_paged.triton_impl

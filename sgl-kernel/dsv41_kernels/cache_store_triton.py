@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.cache_store import compressed_kv_store, index_key_store, window_kv_store
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.triton_numerics import (
     INTERPRET,
     NO_FMA,
@@ -180,7 +179,6 @@ def _window_kv_store_kernel(
     D: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, FAST: tl.constexpr,
     SS_STEP: tl.constexpr, SS_G: tl.constexpr,
 ):
-    begin()
     NP: tl.constexpr = D // 2
     NG: tl.constexpr = SEG // 32
     r = tl.program_id(0) * R + tl.arange(0, R)
@@ -216,7 +214,6 @@ def _compressed_kv_store_kernel(
     x_ptr, x_rs, cos_ptr, sin_ptr, cs_rs, slot_ptr, pool_ptr, pool_rs, n,
     D: tl.constexpr, DP: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, FAST: tl.constexpr,
 ):
-    begin()
     NP: tl.constexpr = D // 2
     r = tl.program_id(0) * R + tl.arange(0, R)
     slot = tl.load(slot_ptr + r, mask=r < n, other=-1).to(tl.int64)
@@ -244,7 +241,6 @@ def _index_fp4_kernel(
 ):
     """Rows r = t * H + h of x [T, H, D]. QDQ: out [n, D] bf16 = the two-stage round trip (queries);
     else out is the index-key pool and row r goes to slot slot_ptr[r] (H = 1)."""
-    begin()
     NP: tl.constexpr = D // 2
     r = tl.program_id(0) * R + tl.arange(0, R)
     t = r // H
@@ -342,7 +338,7 @@ def window_kv_store_triton(kv, norm_weight, eps, cos, sin, slots, pool, rows: in
     step = cascade_step(d // 32)
     _window_kv_store_kernel[(triton.cdiv(n, rows),)](
         kv, kv.stride(0), w, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), float(eps), n,
-        SS_STEP=step, SS_G=sumsq_chunks(d, step), **_meta(d, cos, rows, num_warps, seg, 32, portable), **DEPENDENT,
+        SS_STEP=step, SS_G=sumsq_chunks(d, step), **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
 
 
@@ -355,7 +351,7 @@ def compressed_kv_store_triton(latent, cos, sin, slots, pool, rows: int = 2, num
     latent, cos, sin = _check_rows(latent, cos, sin, slots, pool, d // 2 + d // 16, 16)
     _compressed_kv_store_kernel[(triton.cdiv(n, rows),)](
         latent, latent.stride(0), cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), n,
-        **_meta(d, cos, rows, num_warps, seg or min(next_pow2(d), 256), 16, portable), **DEPENDENT,
+        **_meta(d, cos, rows, num_warps, seg or min(next_pow2(d), 256), 16, portable),
     )
 
 
@@ -368,7 +364,7 @@ def index_key_store_triton(k, cos, sin, slots, pool, rows: int = 4, num_warps: i
     k, cos, sin = _check_rows(k, cos, sin, slots, pool, d // 2 + d // 32, 32)
     _index_fp4_kernel[(triton.cdiv(n, rows),)](
         k, k.stride(0), 0, cos, sin, cos.stride(0), slots.contiguous(), pool, pool.stride(0), n,
-        H=1, QDQ=False, **_meta(d, cos, rows, num_warps, seg or next_pow2(d), 32, portable), **DEPENDENT,
+        H=1, QDQ=False, **_meta(d, cos, rows, num_warps, seg or next_pow2(d), 32, portable),
     )
 
 
@@ -388,7 +384,7 @@ def index_query_quant_triton(q, cos, sin, rows: int = 16, num_warps: int = 1, se
     cos, sin = cos.contiguous(), sin.contiguous()
     _index_fp4_kernel[(triton.cdiv(t * hi, rows),)](
         q, q.stride(0), q.stride(1), cos, sin, cos.stride(0), q, out, d, t * hi,
-        H=hi, QDQ=True, **_meta(d, cos, rows, num_warps, seg, 32, portable), **DEPENDENT,
+        H=hi, QDQ=True, **_meta(d, cos, rows, num_warps, seg, 32, portable),
     )
     return out
 

@@ -8,14 +8,11 @@ visible. Both are no-ops for a kernel launched without the attribute, and under 
 (sequential launches; `DEPENDENT` is then empty), or with SGLANG_DSV41_DEPENDENT_LAUNCH=0 (read once at
 import: every kernel then launches plainly, for A/B timing and for debugging).
 
-Every kernel of the package is launched DEPENDENT and starts with `begin()` (wait, then release): it does
-nothing before the kernel before it has completed, so the stream order holds as without the attribute,
-and what it saves is its launch, which overlaps the kernel before it. Since each kernel releases only
-after its wait, a kernel that starts runs after everything before the kernel before it has completed.
-One kernel does work before its wait: `_mhc_enter_kernel`, launched right after its mix GEMM, runs the
-collapse, norm and the gates' statistic (reading only the streams and weights) first, then waits for the
-GEMM's partials. Every kernel waits in at least one program before it completes, so "the kernel before
-it has completed" is transitive.
+Users: `_fp32_gemm_kernel` releases at its start; `_mhc_enter_kernel` (launched DEPENDENT right after the
+mix GEMM) runs the collapse, norm and the gates' statistic before its `wait()`, the fold and the gates after.
+What it can gain is the overlap of work that reads nothing of the kernel before: launching every kernel
+DEPENDENT with a wait at its start (commit cb2404d) left the `bench` decode step at batch 8 the same and made
+batch 64 4% slower on an H100 (benchmark/results/2026-12-06-h100-pdl-wkv.md).
 """
 
 from __future__ import annotations
@@ -50,12 +47,4 @@ def wait():
         tl.extra.cuda.gdc_wait()
 
 
-@triton.jit
-def begin():
-    """The start of a kernel that does nothing before the kernel before it has completed: `wait()`, then
-    `release()`."""
-    wait()
-    release()
-
-
-__all__ = ["DEPENDENT", "ENABLED", "begin", "release", "wait"]
+__all__ = ["DEPENDENT", "ENABLED", "release", "wait"]

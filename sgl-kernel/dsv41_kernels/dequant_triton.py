@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, e2m1_decode, e4m3_decode, e4m3_rne, e8m0_value,
                                             max_nan, ue8m0_ceil)
 from sglang_dsv41.determinism import deterministic
@@ -53,7 +52,6 @@ def _qdq_rows_kernel(x_ptr, x_rs, rows_ptr, out_ptr, P, K, DIV, GATHER: tl.const
                      G: tl.constexpr, FAST: tl.constexpr):
     """Program (row block, column block of G groups of 32): out[p] = qdq(x[rows[p] // DIV]) (GATHER) or
     qdq(x[p]); out contiguous [P, K]."""
-    begin()
     p = tl.program_id(0) * BM + tl.arange(0, BM)
     ok = p < P
     src = (tl.load(rows_ptr + p, mask=ok, other=0) // DIV) if GATHER else p
@@ -69,7 +67,6 @@ def _fp4_weight_kernel(w_ptr, w_es, w_rs, s_ptr, s_es, s_rs, out_ptr, o_es, o_rs
                        BR: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
     """Program (expert, row block, byte block): bytes w[e, n, c] (element 2c low nibble, 2c+1 high) times
     2**(s[e, n, c // 16] - 127) -> out[e, n, 2c], out[e, n, 2c + 1] bf16."""
-    begin()
     e = tl.program_id(2).to(tl.int64)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -85,7 +82,6 @@ def _fp4_weight_kernel(w_ptr, w_es, w_rs, s_ptr, s_es, s_rs, out_ptr, o_es, o_rs
 @triton.jit
 def _fp8_weight_kernel(w_ptr, w_rs, s_ptr, s_rs, out_ptr, N, K, BR: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
     """Program (row block, column block): e4m3 w[n, k] times 2**(s[n // 32, k // 32] - 127) -> bf16 [N, K]."""
-    begin()
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     k = tl.program_id(1) * BC + tl.arange(0, BC)
     m = (n < N)[:, None] & (k < K)[None, :]
@@ -99,7 +95,6 @@ def _swiglu_qdq_kernel(gu_ptr, gu_rs, wt_ptr, out_ptr, R, I, limit, BM: tl.const
                        FAST: tl.constexpr):
     """Program (row block, G groups of 32 columns of h): the grouped MoE's stage-1 epilogue
     (`moe_triton._moe_gemm_kernel`, STAGE1) on g = gu[:, :I], u = gu[:, I:] (both already bf16)."""
-    begin()
     r = tl.program_id(0) * BM + tl.arange(0, BM)
     col = tl.program_id(1) * (G * 32) + tl.arange(0, G * 32)
     m = (r < R)[:, None] & (col < I)[None, :]
@@ -126,7 +121,7 @@ def mxfp8_qdq(x: torch.Tensor, rows: torch.Tensor | None = None, div: int = 1) -
         bm, g = 16, 4
         _qdq_rows_kernel[(triton.cdiv(p, bm), triton.cdiv(k, 32 * g))](
             x, x.stride(0), x if rows is None else rows, out, p, k, div, GATHER=rows is not None, BM=bm, G=g,
-            FAST=not INTERPRET, num_warps=4, **NO_FMA, **DEPENDENT)
+            FAST=not INTERPRET, num_warps=4, **NO_FMA)
     return out
 
 
@@ -139,7 +134,7 @@ def fp4_weight_bf16(w: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> torc
         br, bc = 32, 64
         _fp4_weight_kernel[(triton.cdiv(n, br), triton.cdiv(kh, bc), n_exp)](
             w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1), out, out.stride(0), out.stride(1), n, kh,
-            BR=br, BC=bc, FAST=not INTERPRET, num_warps=4, **DEPENDENT)
+            BR=br, BC=bc, FAST=not INTERPRET, num_warps=4)
     return out
 
 
@@ -150,8 +145,7 @@ def fp8_weight_bf16(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     if out.numel():
         br, bc = 32, 128
         _fp8_weight_kernel[(triton.cdiv(n, br), triton.cdiv(k, bc))](
-            w.view(torch.uint8), w.stride(0), s, s.stride(0), out, n, k, BR=br, BC=bc, FAST=not INTERPRET, num_warps=4,
-            **DEPENDENT)
+            w.view(torch.uint8), w.stride(0), s, s.stride(0), out, n, k, BR=br, BC=bc, FAST=not INTERPRET, num_warps=4)
     return out
 
 
@@ -164,8 +158,7 @@ def swiglu_qdq(gu: torch.Tensor, wt: torch.Tensor, limit: float) -> torch.Tensor
     if r and i:
         bm, g = 16, 4
         _swiglu_qdq_kernel[(triton.cdiv(r, bm), triton.cdiv(i, 32 * g))](
-            gu, gu.stride(0), wt, out, r, i, float(limit), BM=bm, G=g, FAST=not INTERPRET, num_warps=4, **NO_FMA,
-            **DEPENDENT)
+            gu, gu.stride(0), wt, out, r, i, float(limit), BM=bm, G=g, FAST=not INTERPRET, num_warps=4, **NO_FMA)
     return out
 
 

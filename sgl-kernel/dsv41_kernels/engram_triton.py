@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.engram import engram_gate, engram_gather, engram_hash
 from dsv41_kernels.triton_numerics import INTERPRET, bf16_round, e4m3_value, e8m0_value, next_pow2
 
@@ -35,7 +34,6 @@ def _xor(a, b):
 def _engram_hash_kernel(win_ptr, pos_ptr, mult_ptr, prime_ptr, off_ptr, out_ptr, T, pad_class,
                         N: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
                         HH: tl.constexpr, BLOCK_T: tl.constexpr):
-    begin()
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = tok < T
     s = tl.arange(0, NP)[None, :]
@@ -74,7 +72,7 @@ def engram_hash_triton(windows, positions, multipliers, primes, offsets, pad_cla
     _engram_hash_kernel[(triton.cdiv(t, block),)](
         windows.to(torch.long).contiguous(), positions.to(device=dev, dtype=torch.long).contiguous(),
         multipliers.to(dev).contiguous(), primes.to(dev).contiguous(), offsets.to(dev).contiguous(), out, t, int(pad_class),
-        N=n, NP=next_pow2(n), L=nl, C=c, CP=next_pow2(c), HH=hh, BLOCK_T=block, num_warps=4, **DEPENDENT)
+        N=n, NP=next_pow2(n), L=nl, C=c, CP=next_pow2(c), HH=hh, BLOCK_T=block, num_warps=4)
     return out
 
 
@@ -89,7 +87,6 @@ def _engram_gather_kernel(w_ptr, s_ptr, ids_ptr, dst_ptr, out_ptr, n, HD: tl.con
     thread reads 16 consecutive row bytes in one vector load and a warp reads 2 whole rows, i.e.
     four complete 128-byte lines (full-size PCIe reads from a host table, instead of one 32-byte
     sector per byte-wide warp load), and a row's 8 scale bytes in one 8-byte load."""
-    begin()
     if RAW:
         w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
         s_ptr = s_ptr.to(tl.pointer_type(tl.uint8))
@@ -133,8 +130,7 @@ def _gather_launch(w8, s8, ids, dst, out, n, block_r, num_warps, wide=None):
     grid = (triton.cdiv(n, block_r),)
     _engram_gather_kernel[grid](w8.data_ptr() if raw else w8, s8.data_ptr() if raw else s8, ids,
                                 dst if dst is not None else ids, out, n, HD=hd, G=hd // 32, BLOCK_R=block_r,
-                                INDIRECT=dst is not None, FAST=not INTERPRET, RAW=raw, WIDE=wide, num_warps=num_warps,
-                                **DEPENDENT)
+                                INDIRECT=dst is not None, FAST=not INTERPRET, RAW=raw, WIDE=wide, num_warps=num_warps)
 
 
 def gather_sorted(w8: torch.Tensor, s8: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
@@ -173,7 +169,6 @@ def engram_gather_triton(weight, scale, row_ids, block_r: int = 0, num_warps: in
 @triton.jit
 def _engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, eps, HID, NS: tl.constexpr,
                         HAS_MASK: tl.constexpr, CHUNK: tl.constexpr):
-    begin()
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     h_row = h_ptr + (t * NS + j) * HID
@@ -217,5 +212,5 @@ def engram_gate_triton(streams, kv, q_weight, k_weight, eps, token_mask=None):
     mask = token_mask.to(torch.int8).contiguous() if token_mask is not None else streams
     _engram_gate_kernel[(t, ns)](
         streams.contiguous(), kv.contiguous(), q_weight.contiguous(), k_weight.contiguous(), mask, out, float(eps), hid,
-        NS=ns, HAS_MASK=token_mask is not None, CHUNK=min(1024, next_pow2(hid)), num_warps=4, **DEPENDENT)
+        NS=ns, HAS_MASK=token_mask is not None, CHUNK=min(1024, next_pow2(hid)), num_warps=4)
     return out

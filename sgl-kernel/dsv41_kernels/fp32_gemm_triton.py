@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
+from dsv41_kernels.dependent_launch import release
 from dsv41_kernels.fp32_gemm import fp32_linear
 from dsv41_kernels.gemm_triton import _sm_count
 from dsv41_kernels.triton_numerics import DOT_DTYPE, INTERPRET
@@ -88,7 +88,7 @@ def _fp32_gemm_kernel(
     Without SPLIT: grid (tiles,), out fp32 [M, N] contiguous. With SPLIT: grid (tiles, C), program
     (tile, c) writes P[c] to out = workspace fp32 [C, M, N]. CHUNK % BK == 0."""
     tl.static_assert(CHUNK % BK == 0)
-    begin()
+    release()  # a dependent launch after this one (`mhc_enter`) may start now
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     band = GROUP_M * num_n  # launch order: GROUP_M row tiles share each weight tile while it is in L2
@@ -139,7 +139,6 @@ def _fp32_gemm_kernel(
 def _fold_chunks_kernel(part_ptr, out_ptr, MN, C: tl.constexpr, BLOCK: tl.constexpr):
     """Ordered two-pass, pass 2: out[i] = ((+0 + P[0, i]) + P[1, i]) + ... (chunk order), P fp32 [C, MN].
     C is unrolled, so the C loads of a thread issue together instead of one memory latency per chunk."""
-    begin()
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -219,8 +218,7 @@ def linear_parts(x2: torch.Tensor, w: torch.Tensor, config: tuple | None = None)
     dst = torch.empty(chunks if split else 1, m, n, dtype=torch.float32, device=x2.device)
     _fp32_gemm_kernel[(tiles, chunks) if split else (tiles,)](
         x2, x2.stride(0), w, w.stride(0), dst, m, n, k, BM=bm, BN=bn, BK=bk, OPER=DOT_DTYPE if tc else tl.float32,
-        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=chunk, num_warps=warps, num_stages=stages,
-        **DEPENDENT)
+        IEEE=not tc, SWAP=bool(swap), SPLIT=split, GROUP_M=8, CHUNK=chunk, num_warps=warps, num_stages=stages)
     return dst
 
 
@@ -242,8 +240,7 @@ def fp32_linear_triton(x: torch.Tensor, w: torch.Tensor, config: tuple | None = 
         return parts[0].reshape(*lead, n)
     out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     block = 256
-    _fold_chunks_kernel[(triton.cdiv(m * n, block),)](parts, out, m * n, C=parts.size(0), BLOCK=block, num_warps=4,
-    **DEPENDENT)
+    _fold_chunks_kernel[(triton.cdiv(m * n, block),)](parts, out, m * n, C=parts.size(0), BLOCK=block, num_warps=4)
     return out.reshape(*lead, n)
 
 

@@ -54,7 +54,6 @@ import triton
 import triton.language as tl
 
 from dsv41_kernels.cache_store_triton import index_query_quant_triton
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.indexer import index_query_quant, index_scores
 from dsv41_kernels.triton_numerics import (
     DOT_DTYPE,
@@ -109,7 +108,6 @@ def _index_scores_kernel(
     q_ptr, q_st, q_sh, w_ptr, w_st, pool_ptr, pool_rs, slot_ptr, slot_st, out_ptr, out_st, n,
     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_T: tl.constexpr,
 ):
-    begin()
     t = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = tl.arange(0, HP)
@@ -126,8 +124,7 @@ def _index_scores_bf16(q, w, pool, slot_table, block_n: int = 128, num_warps: in
     grid = (triton.cdiv(n, block_n), t)
     _index_scores_kernel[grid](
         q, q.stride(0), q.stride(1), w, w.stride(0), pool, pool.stride(0), slot_table, slot_table.stride(0),
-        out, out.stride(0), n, H=hi, HP=max(16, next_pow2(hi)), D=d, BLOCK_N=block_n, DOT_T=DOT_DTYPE,
-        num_warps=num_warps, **NO_FMA, **DEPENDENT,
+        out, out.stride(0), n, H=hi, HP=max(16, next_pow2(hi)), D=d, BLOCK_N=block_n, DOT_T=DOT_DTYPE, num_warps=num_warps, **NO_FMA,
     )
     return out
 
@@ -237,7 +234,6 @@ def _index_scores_fp8_kernel(
     H: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, NATIVE: tl.constexpr,
     ASM: tl.constexpr, DOT_T: tl.constexpr,
 ):
-    begin()
     t = tl.program_id(1).to(tl.int64)
     lo = tl.program_id(0) * span
     hi = tl.minimum(lo + span, n)
@@ -337,7 +333,6 @@ def index_scores_triton(q, w, pool, slot_table, chunk: int = 64, variant: str = 
     _index_scores_fp8_kernel[grid](
         q, q.stride(0), q.stride(1), w, w.stride(0), words, words.stride(0), slot_table, slot_table.stride(0),
         out, out.stride(0), n, span, H=hi, HP=max(16, next_pow2(hi)), BLOCK_N=block_n, NUM_STAGES=num_stages,
-        NATIVE=not INTERPRET, ASM=asm_epilogue and not INTERPRET, DOT_T=DOT_DTYPE, num_warps=num_warps, **NO_FMA,
-        **extra, **DEPENDENT,
+        NATIVE=not INTERPRET, ASM=asm_epilogue and not INTERPRET, DOT_T=DOT_DTYPE, num_warps=num_warps, **NO_FMA, **extra,
     )
     return out

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, release, wait
+from dsv41_kernels.dependent_launch import DEPENDENT, wait
 from dsv41_kernels.fp32_gemm_triton import linear_parts, operand
 from dsv41_kernels.mhc import hc_mult, mhc_enter
 from dsv41_kernels.mhc_triton import collapse_tile, gates_rows, gates_rstd
@@ -59,7 +59,6 @@ def _mhc_enter_kernel(r_ptr, r_ts, r_ns, part_ptr, PS, mix_ptr, base_ptr, scale_
     if tl.program_id(1) == 0:
         rstd = gates_rstd(r_ptr, r_ts, row, ok, norm_eps, N * H, STEP, G)
         wait()  # the mix GEMM's partials from here on
-        release()
         if C > 1:
             _fold_rows(part_ptr, PS, mix_ptr, row, ok, MIX, MIXP, C)
             tl.debug_barrier()
@@ -68,7 +67,6 @@ def _mhc_enter_kernel(r_ptr, r_ts, r_ns, part_ptr, PS, mix_ptr, base_ptr, scale_
             src = part_ptr
         gates_rows(rstd, src, MIX, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, row, ok, iters, hc_eps, N, NP)
     else:
-        release()  # the next kernel does nothing before this one has completed
         for c in tl.static_range(0, H, CH):
             collapse_tile(r_ptr, r_ts, r_ns, prev_ptr, col_ptr, row[:, None], (c + tl.arange(0, CH))[None, :],
                           ok[:, None], H, N, BF16)

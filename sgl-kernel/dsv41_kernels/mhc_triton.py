@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.mhc import hc_mult, mhc_collapse, mhc_expand, mhc_gates
 from dsv41_kernels.transcendentals import exp_f32, sigmoid_f32
 from dsv41_kernels.triton_numerics import (INTERPRET, NO_FMA, bf16_round, max_nan, ordered_sumsq, rms_rstd,
@@ -95,7 +94,6 @@ def _mhc_gates_kernel(x_ptr, x_rs, mix_ptr, mix_rs, base_ptr, scale_ptr, pre_ptr
                       hc_eps, norm_eps, N: tl.constexpr, NP: tl.constexpr, D: tl.constexpr, STEP: tl.constexpr,
                       G: tl.constexpr, ROWS: tl.constexpr):
     """x [T, D], mix [T, (2+N)N] (`gates_rows`) -> pre, post [T, N], comb [T, N, N]; ROWS rows per program."""
-    begin()
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = row < T
     rstd = gates_rstd(x_ptr, x_rs, row, ok, norm_eps, D, STEP, G)
@@ -131,7 +129,7 @@ def mhc_gates_triton(x, mix, base, scale, iters: int, hc_eps: float, norm_eps: f
         _mhc_gates_kernel[(triton.cdiv(t, rows),)](
             x, x.stride(0), mix, mix.stride(0), base.contiguous(), scale.contiguous(), pre, post, comb, t,
             max(int(iters), 1), float(hc_eps), float(norm_eps), N=n, NP=triton.next_power_of_2(n), D=d,
-            STEP=step, G=chunks, ROWS=rows, num_warps=num_warps, **NO_FMA, **DEPENDENT)
+            STEP=step, G=chunks, ROWS=rows, num_warps=num_warps, **NO_FMA)
     return pre, post, comb
 
 
@@ -173,7 +171,6 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 def _collapse_kernel(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, T, H, N: tl.constexpr, TB: tl.constexpr, BH: tl.constexpr,
                      OUT_BF16: tl.constexpr):
     """R [T, N, H] (strides r_ts, r_ns, 1), pre [T, N] contiguous fp32 -> out [T, H] contiguous."""
-    begin()
     tok = (tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB))[:, None]  # [TB, 1]
     col = (tl.program_id(1) * BH + tl.arange(0, BH))[None, :]  # [1, BH]
     collapse_tile(r_ptr, r_ts, r_ns, pre_ptr, out_ptr, tok, col, tok < T, H, N, OUT_BF16)
@@ -197,7 +194,6 @@ def _expand_kernel(y_ptr, y_ts, r_ptr, r_ts, r_ns, post_ptr, comb_ptr, out_ptr, 
                    NP: tl.constexpr, TB: tl.constexpr, BH: tl.constexpr, OUT_BF16: tl.constexpr):
     """y [T, H] (strides y_ts, 1), R [T, N, H] (strides r_ts, r_ns, 1), post [T, N], comb [T, N, N]
     contiguous fp32 -> out [T, N, H] contiguous; tile [TB, NP (output stream k), BH]."""
-    begin()
     tok = (tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB))[:, None, None]
     k = tl.arange(0, NP)[None, :, None]
     col = (tl.program_id(1) * BH + tl.arange(0, BH))[None, None, :]
@@ -244,7 +240,7 @@ def mhc_collapse_triton(streams, pre, tb: int | None = None, block_h: int | None
         tb, block_h, num_warps = _stream_launch(t, tb, block_h, num_warps, 4)
         _collapse_kernel[(triton.cdiv(t, tb), triton.cdiv(h, block_h))](
             streams, streams.stride(0), streams.stride(1), pre, out, t, h, N=n, TB=tb, BH=block_h,
-            OUT_BF16=out.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA, **DEPENDENT)
+            OUT_BF16=out.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
     return out
 
 
@@ -269,7 +265,7 @@ def mhc_expand_triton(y, streams, post, comb, tb: int | None = None, block_h: in
         _expand_kernel[(triton.cdiv(t, tb), triton.cdiv(h, block_h))](
             y, y.stride(0), streams, streams.stride(0), streams.stride(1), post, comb, out, t, h, N=n,
             NP=triton.next_power_of_2(n), TB=tb, BH=block_h, OUT_BF16=out.dtype == torch.bfloat16,
-            num_warps=num_warps, **NO_FMA, **DEPENDENT)
+            num_warps=num_warps, **NO_FMA)
     return out
 
 

@@ -26,8 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
-
 ROUTING_ROWS = 512
 """Pairs (tokens x top-k) up to which `routing_tiles_fused` serves a call (the decode calls)."""
 ROUTING_BLOCK = 64
@@ -46,7 +44,6 @@ def _routing_kernel(ids_ptr, w_ptr, perm_ptr, wt_ptr, te_ptr, first_ptr, end_ptr
     """ids int [R] (= [T, K] flat, contiguous), w float [R] -> perm int32 [R], wt fp32 [R], te / first /
     end int32 [MT] (see the module docstring). Grid cdiv(max(R, MT), OB): program b places pairs
     b*OB .. b*OB + OB - 1 and writes tiles b*OB .. b*OB + OB - 1 (those that exist). OB and CH powers of two."""
-    begin()
     if tl.program_id(0) * OB < MT:
         _tile_tables(ids_ptr, te_ptr, first_ptr, end_ptr, R, E, MT, BM, OB, CH)
     if tl.program_id(0) * OB >= R:
@@ -125,7 +122,7 @@ def routing_tiles_fused(ids: torch.Tensor, weights: torch.Tensor, n_experts: int
     # 16 / 384 experts: 4.4 / 13.0 us; with 4 warps this one took 5.1 / 15.4)
     _routing_kernel[(programs,)](
         ids.contiguous(), weights.contiguous(), perm, wt, tiles[0], tiles[1], tiles[2], r, k, n_experts, max_tiles,
-        BM=bm, OB=ob, CH=32, num_warps=8 if programs == 1 else 4, **DEPENDENT)
+        BM=bm, OB=ob, CH=32, num_warps=8 if programs == 1 else 4)
     return perm, wt, tiles[0], tiles[1], tiles[2]
 
 

@@ -34,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.gemm_triton import (E2M1_UNSHIFT, _sm_count, e2m1_block_e4m3_evens_first, evens_first_position,
                                        mxfp8_quant_t)
 from dsv41_kernels.moe import moe_combine, moe_experts
@@ -164,7 +163,6 @@ def _moe_gemm_kernel(
     and the fp32 sums go to part [S, R, N] (STAGE1: [S, R, 2N], g then u) at row p; the program of a tile
     that arrives last (counter cnt int32 [tiles, cdiv(N, BN)], zeroed before the launch) adds the splits
     in order and runs the epilogue (`_fold_splits`)."""
-    begin()
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_e_ptr + pid_t)
@@ -210,7 +208,6 @@ def _moe_stream_kernel(
     (unique), fp32 [P + items, BM, WR], and the last to arrive at the item's counter (cnt int32 [MAXT *
     cdiv(N, BN)], zeroed before the launch) adds the item's segments in K order from +0, then the epilogue.
     A row's bits depend on the segment boundaries, i.e. on the call's busy tiles (fast mode only)."""
-    begin()
     pid = tl.program_id(0)
     NT = tl.cdiv(N, BN)
     KB = K // 32
@@ -407,8 +404,7 @@ def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_
         wr = 2 * bn if stage1 else bn
         part = torch.empty((stream + tiles * triton.cdiv(n, bn)) * bm * wr, dtype=torch.float32, device=args[0].device)
         _moe_stream_kernel[(stream,)](*args, part, tiles, counters, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
-                                      PACKED=packed and sub == 4, TP=triton.next_power_of_2(tiles), **launch,
-                                      **DEPENDENT)
+                                      PACKED=packed and sub == 4, TP=triton.next_power_of_2(tiles), **launch)
         return
     ksb, splits = _splits(k, splits)
     part = args[0]  # unused without a split
@@ -416,7 +412,7 @@ def _gemm(args, tiles, n, k, bm, bn, launch, swap, packed, splits, stage1, part_
         part = torch.empty(splits, part_rows, (2 if stage1 else 1) * n, dtype=torch.float32, device=args[0].device)
     grid = (tiles, triton.cdiv(n, bn)) + ((splits,) if splits > 1 else ())
     _moe_gemm_kernel[grid](*args, part, part_rows, ksb, counters, STAGE1=stage1, BM=bm, BN=bn, SUB=sub, SWAP=swap,
-                           PACKED=packed and sub == 4, KSPLIT=splits > 1, **launch, **DEPENDENT)
+                           PACKED=packed and sub == 4, KSPLIT=splits > 1, **launch)
 
 
 @moe_experts.triton_impl
@@ -476,7 +472,6 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
 def _combine_kernel(r_ptr, r_st, r_sk, s_ptr, s_st, out_ptr, H, K, BLOCK: tl.constexpr):
     """Row t, columns [BLOCK]: out = cast(((+0 + r[t, 0]) + r[t, 1]) + ... + r[t, K-1] + s[t]) in fp32.
     r [T, K, H] (strides r_st, r_sk, unit column stride), s [T, H] (row stride s_st), out [T, H] contiguous."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = h < H
@@ -506,7 +501,7 @@ def moe_combine_triton(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tens
     if t and h:
         block = min(1024, triton.next_power_of_2(h))
         _combine_kernel[(t, triton.cdiv(h, block))](routed, routed.stride(0), routed.stride(1), shared,
-                                                    shared.stride(0), out, h, k, BLOCK=block, num_warps=4, **DEPENDENT)
+                                                    shared.stride(0), out, h, k, BLOCK=block, num_warps=4)
     return out
 
 

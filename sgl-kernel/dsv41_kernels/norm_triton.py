@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.norm import rms_norm
 from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, ordered_sumsq, rms_rstd, stat_launch, sumsq_chunks
 from sglang_dsv41.reduction import cascade_step
@@ -40,7 +39,6 @@ def rms_norm_rows(x_ptr, x_rs, w_ptr, out_ptr, row, ok, eps, D: tl.constexpr, ST
 def _rms_norm_kernel(x_ptr, x_rs, w_ptr, out_ptr, M, eps, D: tl.constexpr, STEP: tl.constexpr,
                      G: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr, BF16_OUT: tl.constexpr):
     """x [M, D] (row stride x_rs, unit column stride) -> out [M, D] contiguous."""
-    begin()
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rms_norm_rows(x_ptr, x_rs, w_ptr, out_ptr, row, row < M, eps, D, STEP, G, CH, BF16_OUT)
 
@@ -64,8 +62,7 @@ def rms_norm_triton(x, weight, eps: float, rows: int | None = None, num_warps: i
         step = cascade_step(d // 32)
         _rms_norm_kernel[(triton.cdiv(m, rows),)](
             x2, x2.stride(0), weight, out, m, float(eps), D=d, STEP=step, G=sumsq_chunks(d, step, chunks), ROWS=rows,
-            CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA,
-            **DEPENDENT)
+            CH=min(1024, triton.next_power_of_2(d)), BF16_OUT=x.dtype == torch.bfloat16, num_warps=num_warps, **NO_FMA)
     return out.view(x.shape)
 
 

@@ -9,7 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.rope import rope_rotate
 from dsv41_kernels.triton_numerics import NO_FMA, bf16_round, rope_pairs
 
@@ -20,7 +19,6 @@ def _rope_rows_kernel(x_ptr, cos_ptr, sin_ptr, cs_rs, out_ptr, N, HEADS, D: tl.c
                       BF16: tl.constexpr):
     """x, out [N, D] contiguous (N = T * HEADS rows; row n belongs to token n // HEADS); cos / sin fp32
     [T, R] (row stride cs_rs). HEAD_P / R_P: D - 2R and R rounded up to powers of two."""
-    begin()
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = row < N
     src = x_ptr + row[:, None] * D
@@ -64,7 +62,7 @@ def rope_rotate_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in
         _rope_rows_kernel[(triton.cdiv(n, rows),)](
             x, cos, sin, max(r, 1), out, n, heads, D=d, R=r, HEAD_P=triton.next_power_of_2(max(d - 2 * r, 1)),
             R_P=triton.next_power_of_2(max(r, 1)), ROWS=rows, INVERSE=bool(inverse), BF16=x.dtype == torch.bfloat16,
-            num_warps=4, **NO_FMA, **DEPENDENT)
+            num_warps=4, **NO_FMA)
     return out
 
 

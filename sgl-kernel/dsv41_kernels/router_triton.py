@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.moe import moe_route, swiglu_op
 from dsv41_kernels.transcendentals import silu_f32, softplus_f32, sqrt_f32
 from dsv41_kernels.triton_numerics import NO_FMA, bf16_bits, clamp_nan
@@ -42,7 +41,6 @@ def _route_kernel(z_ptr, z_rs, b_ptr, b_rs, f_ptr, w_ptr, id_ptr, E, scale,
                   K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, FORCED: tl.constexpr):
     """Row t: z fp32 [E] (row stride z_rs), bias fp32 (row stride b_rs, 0 for one bias row), forced
     int64 [T, K] (FORCED) -> w fp32 [T, K], ids int64 [T, K]. KP = next power of two >= K, BE >= E."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BE)
     ok = e < E
@@ -101,7 +99,7 @@ def moe_route_triton(logits, bias, k: int, scale: float, norm: bool, forced=None
     if t:
         _route_kernel[(t,)](z, z.stride(0), b, b.stride(0) if b.dim() == 2 else 0, f, w, ids, n, float(scale),
                             K=k, KP=triton.next_power_of_2(k), BE=triton.next_power_of_2(n),
-                            NORM=bool(norm and k > 1), FORCED=forced is not None, num_warps=4, **NO_FMA, **DEPENDENT)
+                            NORM=bool(norm and k > 1), FORCED=forced is not None, num_warps=4, **NO_FMA)
     return w, ids
 
 
@@ -109,7 +107,6 @@ def moe_route_triton(logits, bias, k: int, scale: float, norm: bool, forced=None
 def _swiglu_kernel(g_ptr, g_rs, u_ptr, u_rs, w_ptr, out_ptr, out_rs, N, limit,
                    HAS_W: tl.constexpr, CLAMP: tl.constexpr, BLOCK: tl.constexpr):
     """Row t, columns [BLOCK] of g, u bf16 [T, N] -> out [T, N] (bf16 bits, an int16 view); w fp32 [T] (HAS_W)."""
-    begin()
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < N
@@ -140,6 +137,5 @@ def swiglu_triton(g, u, limit: float, weight=None):
         w = weight.reshape(t).contiguous() if weight is not None else out
         block = 1024
         _swiglu_kernel[(t, triton.cdiv(n, block))](g, g.stride(0), u, u.stride(0), w, out.view(torch.int16), out.stride(0), n, float(limit),
-                                                  HAS_W=weight is not None, CLAMP=limit > 0, BLOCK=block,
-                                                  num_warps=4, **NO_FMA, **DEPENDENT)
+                                                  HAS_W=weight is not None, CLAMP=limit > 0, BLOCK=block, num_warps=4, **NO_FMA)
     return out

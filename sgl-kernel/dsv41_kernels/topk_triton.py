@@ -34,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.indexer import candidate_blocks, topk_select
 from dsv41_kernels.triton_numerics import max_nan
 
@@ -83,7 +82,6 @@ def _digit_pass(row_ptr, n, prefix, sh_hi: tl.constexpr, need,
 @triton.jit
 def _topk_kernel(x_ptr, x_st, out_ptr, out_st, n, k, NAN_TOP: tl.constexpr, MASK_OUT: tl.constexpr,
                  CHUNK: tl.constexpr):
-    begin()
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * x_st
     # count rankable values; if at most k, take them all
@@ -140,7 +138,6 @@ def _topk_reg_kernel(x_ptr, x_st, out_ptr, out_st, n, k, NAN_TOP: tl.constexpr, 
                      BLOCK: tl.constexpr):
     """Rows of n <= BLOCK values held in registers: a 32-step bitwise search for the k-th largest
     key (count(key >= candidate) >= need), then one position-ordered compaction."""
-    begin()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * x_st + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
@@ -186,10 +183,10 @@ def _launch_topk(x: torch.Tensor, k: int, out: torch.Tensor, nan_top: bool, mask
     if n <= REG_MAX:
         block = max(128, triton.next_power_of_2(n))
         _topk_reg_kernel[(t,)](x, x.stride(0), out, out.stride(0), n, k, NAN_TOP=nan_top, MASK_OUT=mask_out,
-                               BLOCK=block, num_warps=max(4, min(32, block // 2048)), **DEPENDENT)
+                               BLOCK=block, num_warps=max(4, min(32, block // 2048)))
         return
     _topk_kernel[(t,)](x, x.stride(0), out, out.stride(0), n, k, NAN_TOP=nan_top, MASK_OUT=mask_out,
-                       CHUNK=4096, num_warps=8, **DEPENDENT)
+                       CHUNK=4096, num_warps=8)
 
 
 # ------------------------------------------------------------------ split rows: 3 launches, exact
@@ -234,7 +231,6 @@ def _chunk_keys(x_ptr, x_st, row, offs, n, EVEN: tl.constexpr):
 
 @triton.jit
 def _split_hist_kernel(x_ptr, x_st, ws_ptr, n, C, CHUNK: tl.constexpr, EVEN: tl.constexpr):
-    begin()
     row, c, pid = _row_chunk(C)
     key, b = _chunk_keys(x_ptr, x_st, row, c * CHUNK + tl.arange(0, CHUNK), n, EVEN)
     p = key >> 21  # 11-bit prefix (sign, exponent, 2 mantissa bits); NONE -> -1024, below all others
@@ -250,7 +246,6 @@ def _split_hist_kernel(x_ptr, x_st, ws_ptr, n, C, CHUNK: tl.constexpr, EVEN: tl.
 @triton.jit
 def _split_digit_kernel(x_ptr, x_st, ws_ptr, rs_ptr, lst_ptr, n, C, k, CHUNK: tl.constexpr, SUB: tl.constexpr,
                         CP: tl.constexpr, LB: tl.constexpr, EVEN: tl.constexpr):
-    begin()
     row, c, pid = _row_chunk(C)
     wrow = ws_ptr + row.to(tl.int64) * C * WS
     ci = tl.arange(0, CP)
@@ -368,7 +363,6 @@ def _row_fallback(row_ptr, out_row, n, lo, hi, need, CHUNK: tl.constexpr):
 def _split_write_kernel(x_ptr, x_st, ws_ptr, rs_ptr, lst_ptr, out_ptr, out_st, n, C, k,
                         CHUNK: tl.constexpr, CP: tl.constexpr, LB: tl.constexpr, KB: tl.constexpr,
                         FB_CHUNK: tl.constexpr):
-    begin()
     row, c, pid = _row_chunk(C)
     r = rs_ptr + row.to(tl.int64) * RS
     mode = tl.load(r + R_MODE)
@@ -464,11 +458,11 @@ def _launch_split(x: torch.Tensor, k: int, out: torch.Tensor) -> None:
     rs = torch.empty(t * RS.value, dtype=torch.int32, device=x.device)
     lst = torch.empty(t * C * chunk, dtype=torch.int32, device=x.device)
     grid, even, lb = (t * C,), n % chunk == 0, min(chunk, 512)
-    _split_hist_kernel[grid](x, x.stride(0), ws, n, C, CHUNK=chunk, EVEN=even, num_warps=nw, **DEPENDENT)
+    _split_hist_kernel[grid](x, x.stride(0), ws, n, C, CHUNK=chunk, EVEN=even, num_warps=nw)
     _split_digit_kernel[grid](x, x.stride(0), ws, rs, lst, n, C, k, CHUNK=chunk, SUB=sub, CP=cp,
-                              LB=lb, EVEN=even, num_warps=nw, **DEPENDENT)
+                              LB=lb, EVEN=even, num_warps=nw)
     _split_write_kernel[grid](x, x.stride(0), ws, rs, lst, out, out.stride(0), n, C, k, CHUNK=chunk, CP=cp,
-                              LB=lb, KB=kb, FB_CHUNK=256 * nw, num_warps=nw, **DEPENDENT)
+                              LB=lb, KB=kb, FB_CHUNK=256 * nw, num_warps=nw)
 
 
 def _topk_variant(t: int, n: int) -> str:
@@ -497,7 +491,6 @@ def topk_select_triton(scores, k, variant=None):
 @triton.jit
 def _block_max_kernel(x_ptr, x_st, vis_ptr, out_ptr, out_st, n, nb, BS: tl.constexpr, BSP: tl.constexpr,
                       BLOCK: tl.constexpr):
-    begin()
     row = tl.program_id(1).to(tl.int64)
     blk = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     j = tl.arange(0, BSP)
@@ -521,6 +514,6 @@ def candidate_blocks_triton(scores, visible, topk_blocks, block_size):
         block = 256
         _block_max_kernel[(triton.cdiv(nb, block), t)](
             scores, scores.stride(0), visible.contiguous(), bmax, bmax.stride(0), n, nb,
-            BS=block_size, BSP=triton.next_power_of_2(block_size), BLOCK=block, num_warps=4, **DEPENDENT)
+            BS=block_size, BSP=triton.next_power_of_2(block_size), BLOCK=block, num_warps=4)
         _launch_topk(bmax, topk_blocks, keep, nan_top=True, mask_out=True)
     return keep.bool().repeat_interleave(block_size, dim=-1)[:, :n]
