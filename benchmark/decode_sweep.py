@@ -20,6 +20,7 @@ addition order), the max |diff| to the first config is shown. The grouped MoE's 
 `--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
 `--only decode_stats` (`sweep_stats`): launch configs of the fixed-order RMS statistics (rms_norm, mhc_gates).
 `--only decode_enter` (`sweep_enter`): the mHC site entry (`mhc_enter`) beside the unfused chain it replaces.
+`--only decode_wide` (`sweep_wide`): wide decode GEMMs (the Engram wkv) over one-pass, SWAP and folded tiles.
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
 """
@@ -381,6 +382,63 @@ def sweep_enter(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[
         tv = bench_graph([lambda a=a: linear_parts(a[0].flatten(1), a[1]) for a in sites])
         out.append(_row(record, peak_bw, "mhc site entry decode", f"t={t} its mix GEMM alone (linear_parts)", tv, t0,
                         nbytes, 0, "-", ref="chain"))
+    return out
+
+
+WIDE = {"engram wkv": ("fp8", 5 * HID, 24 * 256)}
+"""The Engram layers' wkv at the `bench` widths (n_hash_cols 24 x head_dim 256 -> 4 streams + 1 value)."""
+
+
+def wide_configs(m: int, n: int, k: int, sms: int) -> list[tuple]:
+    """One-pass tiles of 64 / 32 weight rows, SWAP tiles of 64 / 128 weight rows, and folded split-K of
+    2 .. 8 chunks (FOLD: the chunk sums are added in chunk order by the last program of a tile)."""
+    kb = k // 32
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    out = [(64, 64, 4, 4), (64, 64, 4, 6), (64, 32, 4, 4), (64, 32, 4, 6),
+           (bm, 64, 4, 4, 0, True), (bm, 128, 4, 4, 0, True), (bm, 128, 8, 4, 0, True)]
+    for chunks in (2, 3, 4, 6, 8):
+        out.append((bm, 64, 4, 4, -(-kb // chunks), True, True))
+    for chunks in (2, 3, 4):
+        out.append((bm, 128, 8, 4, -(-kb // chunks), True, True))
+    return out
+
+
+def sweep_wide(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cuda") -> list[dict]:
+    """Wide decode GEMMs (many weight tiles, few rows): `WIDE` at M = 8 / 64 over `wide_configs`, the first
+    row the fast mode's pick. Bits against the first config: equal for one-pass and SWAP tiles, the
+    max |diff| for the folded splits (their fp32 addition order differs)."""
+    from dsv41_kernels import gemm_triton
+
+    out = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name, (kind, n, k) in WIDE.items():
+        fn = gemm_triton.fp8_linear_triton
+        wbytes = n * k + n * k // 32
+        sets_n = max(2, min(16, -(-(160 << 20) // wbytes)))
+        weights = [gemm_weights(kind, n, k) for _ in range(sets_n)]
+        for m in (8, 64):
+            xs = [torch.randn(m, k, device=dev).bfloat16() for _ in range(sets_n)]
+            picked = tuple(gemm_triton.pick_config(m, n, k, dev, fast=True))
+            configs = [picked] + [c for c in wide_configs(m, n, k, sms) if c != picked]
+            ref = fn(xs[0], *weights[0], config=picked)
+            t0 = None
+            for cfg in configs:
+                try:
+                    tv = bench_graph([lambda x=x, w=w, c=cfg: fn(x, *w, config=c) for x, w in zip(xs, weights)])
+                    got = fn(xs[0], *weights[0], config=cfg)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  wide {name} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                folded = len(cfg) >= 7 and cfg[6]
+                same = f"max|diff| {_maxdiff(got, ref):.3g}" if folded else torch.equal(got.view(torch.int16),
+                                                                                       ref.view(torch.int16))
+                t0 = t0 or tv
+                tag = " (pick_config)" if cfg == picked else ""
+                out.append(_row(record, peak_bw, f"{kind}_linear wide", f"{name} M={m} N={n} K={k} {cfg}{tag}", tv,
+                                t0, wbytes, 2 * m * n * k, same, ref="the pick"))
+            del xs, ref
+        del weights
+        torch.cuda.empty_cache()
     return out
 
 

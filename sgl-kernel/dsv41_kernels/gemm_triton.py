@@ -32,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.dependent_launch import DEPENDENT, begin
 from dsv41_kernels.dequant_triton import bf16_path_allowed, fp4_weight_bf16, fp8_weight_bf16, mxfp8_qdq
 from dsv41_kernels.gemm import fp4_linear, fp8_linear
 from dsv41_kernels.triton_numerics import INTERPRET, NO_FMA, bf16_round, e4m3_byte, e8m0_value, max_nan, ue8m0_ceil
@@ -54,7 +53,6 @@ def _mxfp8_quant_kernel(x_ptr, x_rs, q_ptr, s_ptr, M, KB, G, z_ptr, NZ, BLOCK_G:
     Same bytes as quant.fp8.mxfp8_quant; EVENS_FIRST: each 32-block's bytes stored in `K_EVENS_FIRST` order.
     Also sets z int32 [NZ] to 0 (the arrival counters of the GEMM launched next, `_block_partials_kernel`
     FOLD, or the MoE's split / stream-K launches; NZ = 0: none)."""
-    begin()
     for i in range(tl.program_id(0) * BLOCK_G, NZ, tl.num_programs(0) * BLOCK_G):
         z = i + tl.arange(0, BLOCK_G)
         tl.store(z_ptr + z, tl.zeros([BLOCK_G], dtype=tl.int32), mask=z < NZ)
@@ -193,7 +191,6 @@ def _scaled_mm_kernel(
     behind this iteration's MMAs instead of stalling every iteration (decode tiles; in a wide tile the
     broadcast scale vectors take too many registers per thread). SWAP: the BN weight rows are the MMA's M
     side and the BM (few, decode) activation rows its N side; same products, same K-order adds."""
-    begin()
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     group = pid // (GROUP_M * num_n)  # grouped launch order: GROUP_M row tiles share weight tiles in L2
@@ -278,7 +275,6 @@ def _block_partials_kernel(
     chunk sums in chunk order (`_fold_tile`) and writes out bf16 [M, N] (row stride out_rs).
     Weights as in `_scaled_mm_kernel`. SWAP: the weight rows are the MMA's M side (BN >= 64), the few
     activation rows its N side. Launch with NO_FMA (the accumulation is an explicit fma)."""
-    begin()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     KB = K // 32
@@ -337,7 +333,6 @@ def _store_partial(base, part, rm, rn, m_ok, n_ok, N, SWAP: tl.constexpr):
 def _ordered_sum_kernel(p_ptr, out_ptr, out_rs, M, N, KB, BLOCK: tl.constexpr):
     """Ordered split-K, pass 2: out[m, n] = bf16(((0 + P[0, m, n]) + P[1, m, n]) + ...), K order, fp32.
     (Loading 8 blocks as one [8, BLOCK] tile and picking rows out was 5x slower on the H200.)"""
-    begin()
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < M * N
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -363,7 +358,7 @@ def mxfp8_quant_t(x: torch.Tensor, evens_first: bool = False, zero: torch.Tensor
         z = zero if zero is not None else s.view(torch.int32)  # z unused without counters (NZ = 0)
         _mxfp8_quant_kernel[(triton.cdiv(groups, bg),)](
             x, x.stride(0), q, s, m, k // BLOCK, groups, z, 0 if zero is None else zero.numel(), BLOCK_G=bg,
-            EVENS_FIRST=evens_first, num_warps=4, **NO_FMA, **DEPENDENT)
+            EVENS_FIRST=evens_first, num_warps=4, **NO_FMA)
     return q.view(torch.float8_e4m3fn), s
 
 
@@ -380,6 +375,11 @@ passes); else `_scaled_mm_kernel`. H200, benchmark/results/2026-12-02-h200-decod
 wq_a / wkv, 1.5x for W4A8 w1 at M <= 16; 0.6-0.9x for N = 5120 (wo_b, shared w2), where the partials cost
 more HBM traffic than they save (benchmark/results/2026-12-02-h200-decode-gemm.md: the one-pass SWAP tiles
 win there)."""
+SWAP_TILES_PER_SM = 2
+"""Up to SPLIT_ROWS rows, a GEMM with K > 4096 and at least this many 64-row weight tiles per SM runs SWAP
+tiles (16 activation rows, 64 weight rows): the Engram wkv (N = 25600, K = 6144, 400 tiles) at 8 rows on
+an H100, 80.7 vs 113.9 us for the plain 64 x 64 tiles, same bits
+(benchmark/results/2026-12-06-h100-pdl-wkv.md); wo_b (N = 5120, K = 8192, 80 tiles) keeps the plain tiles."""
 FOLD_ROWS = 64
 FOLD_PROGRAMS_PER_SM = 4
 FOLD_TRAFFIC = 0.5
@@ -424,8 +424,10 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False,
         ks = max(1, triton.cdiv(triton.cdiv(n, bn) * (k // BLOCK), 8 * _sm_count(device)))
         return 16, bn, 4, 4, ks, True
     if m <= SPLIT_ROWS and not fp4:  # wide decode GEMMs: 64 weight rows per program as the MMA's M side;
-        # at K > 4096 (wo_b) 8 rows ran 35% slower than 1 or 16 rows with SWAP, so plain 64-wide tiles
-        return (16, 64, 4, 4, 0, True) if k <= 4096 else (64, 64, 4, 4)
+        # at K > 4096 with few weight tiles (wo_b: 80) 8 rows ran 35% slower than 1 or 16 rows with SWAP, so
+        # plain 64-wide tiles there; from SWAP_TILES_PER_SM tiles per SM (the Engram wkv) SWAP again
+        swap = k <= 4096 or triton.cdiv(n, 64) >= SWAP_TILES_PER_SM * _sm_count(device)
+        return (16, 64, 4, 4, 0, True) if swap else (64, 64, 4, 4)
     if m <= 64:  # decode: weight streaming (FP4 decodes 2x the bytes per weight row)
         if fp4:
             return 64, 32, 4, 4
@@ -451,11 +453,11 @@ def _split_mm(x2, w, w_rs, sw, out, m, n, k, fp4, bm, bn, warps, stages, ks, swa
     xq, sa = mxfp8_quant_t(x2, zero=count if fold else None)
     _block_partials_kernel[(tiles, triton.cdiv(kb, ks))](
         xq, xq.stride(0), sa, w, w_rs, sw, sw.stride(0), part, m, n, k, ks, count, out, out.stride(0),
-        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA, **DEPENDENT)
+        FP4=fp4, BM=bm, BN=bn, SWAP=swap, FOLD=bool(fold), num_warps=warps, num_stages=stages, **NO_FMA)
     if not fold:
         block = 128  # one output per thread: 4x the programs of 512, each walking its K blocks serially
         _ordered_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out.stride(0), m, n, parts, BLOCK=block,
-                                                          num_warps=4, **DEPENDENT)
+                                                          num_warps=4)
 
 
 def _prefetch(bm: int, bn: int, swap: bool, fp4: bool) -> bool:
@@ -509,7 +511,7 @@ def _scaled_mm(x, w, w_rs, sw, n, k, fp4, config):
         _scaled_mm_kernel[grid](
             q, sa, w, w_rs, sw, sw.stride(0), out, out.stride(0), m, n, k,
             FP4=fp4, BM=bm, BN=bn, SUB=sub, GROUP_M=8, SWAP=swap, PREFETCH=_prefetch(bm, bn, swap, fp4),
-            num_warps=warps, num_stages=stages, **DEPENDENT,
+            num_warps=warps, num_stages=stages,
         )
     return out.reshape(*lead, n)
 

@@ -59,11 +59,11 @@ def test_gemm_matches_twin(op, params, seed):
 
 
 @pytest.mark.parametrize("op", ["fp8_linear", "fp4_linear"])
-@pytest.mark.parametrize("n, k", [(2304, 5120), (5120, 2304), (5120, 8192)])
+@pytest.mark.parametrize("n, k", [(2304, 5120), (5120, 2304), (5120, 8192), (25600, 6144)])
 def test_batch_invariance(op, n, k, monkeypatch):
     """Deterministic mode: rows of an M=300 call equal (bitwise) the same rows computed alone (M=1) and in
     an M=17 call (the shapes take the split-K, SWAP one-pass and 64-wide one-pass decode configs of
-    pick_config)."""
+    pick_config; the Engram wkv's 25600 x 6144 takes SWAP tiles up to 16 rows, 64-wide ones above)."""
     monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
     impl = getattr(_ops(), op)
     case = build_gemm(op, dict(m=300, n=n, k=k, special=True), 5, "cuda")
