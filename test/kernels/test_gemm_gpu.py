@@ -234,3 +234,45 @@ def test_dispatch_by_name(monkeypatch):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-rA"]))
+
+
+def _group_case(t: int, groups: int, n: int, k: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(t, groups, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(groups * n, k, device="cuda", generator=g) * 60).to(torch.float8_e4m3fn)
+    s = torch.randint(118, 124, (-(-groups * n // 32), k // 32), device="cuda", generator=g).to(torch.uint8)
+    return x, w, s
+
+
+@pytest.mark.parametrize("t", [1, 8, 37, 64, 65, 300])
+def test_group_linear_matches_twin(t):
+    """`fp8_group_linear` (wo_a, 8 groups of 1024 rows, K = 4096): the kernel (and, past DECODE_ROWS rows in
+    fast mode, the twin it falls back to) within the bf16 GEMM tolerance of the twin."""
+    from dsv41_kernels.group_gemm import fp8_group_linear
+
+    x, w, s = _group_case(t, 8, 1024, 4096, t)
+    got = fp8_group_linear.triton(x, w, s)
+    assert_match(got, fp8_group_linear.torch(x, w, s), "bf16", what=f"wo_a t={t}")
+
+
+def test_group_linear_configs_bitwise_equal():
+    """Activation rows per program (the MMA's N side), K blocks per loop iteration, warps and stages do not
+    change a bit: a row's arithmetic does not depend on its tile (the batch invariance the kernel claims)."""
+    from dsv41_kernels.group_gemm_triton import fp8_group_linear_triton
+
+    x, w, s = _group_case(40, 4, 320, 1024, 3)
+    ref = fp8_group_linear_triton(x, w, s, config=(16, 64, 4, 4, 4))
+    for cfg in ((32, 64, 4, 4, 4), (64, 64, 4, 4, 4), (16, 64, 2, 4, 3), (64, 64, 1, 8, 3), (16, 64, 1, 4, 6)):
+        assert torch.equal(fp8_group_linear_triton(x, w, s, config=cfg).view(torch.int16), ref.view(torch.int16)), cfg
+
+
+def test_group_linear_batch_invariant(monkeypatch):
+    """Deterministic mode: every call runs the kernel on 64-row tiles, so rows of a 300-row call equal the
+    same rows computed alone and in 7- and 64-row calls, bitwise."""
+    from dsv41_kernels.group_gemm import fp8_group_linear
+
+    monkeypatch.setenv("SGLANG_DSV41_DETERMINISTIC", "1")
+    x, w, s = _group_case(300, 8, 1024, 4096, 9)
+    full = fp8_group_linear.triton(x, w, s).view(torch.int16)
+    for lo, hi in ((0, 1), (150, 151), (3, 10), (236, 300)):
+        assert torch.equal(fp8_group_linear.triton(x[lo:hi], w, s).view(torch.int16), full[lo:hi]), (lo, hi)
