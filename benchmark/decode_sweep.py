@@ -461,8 +461,9 @@ def sweep_group(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[
     for m in (1, 8, 64):
         xs = [torch.randn(m, groups, k, device=dev).bfloat16() for _ in range(sets_n)]
         picked = pick_config(m)
-        configs = [picked] + [c for c in ((picked[0], 64, 4, 4, 6), (picked[0], 64, 2, 4, 4), (picked[0], 128, 4, 8, 4),
-                                          (picked[0], 64, 8, 4, 3), (64, 64, 4, 4, 4)) if c != picked]
+        bt = picked[0]
+        configs = [picked] + [c for c in ((bt, 64, 2, 4, 4), (bt, 32, 4, 4, 4), (bt, 32, 2, 4, 6), (bt, 32, 4, 2, 4),
+                                          (bt, 32, 8, 4, 3), (bt, 16, 4, 1, 4), (bt, 16, 8, 2, 3)) if c != picked]
         ref = fp8_group_linear_triton(xs[0], *ws[0], config=picked)
         t0 = bench_graph([lambda x=x, wb=wb: torch.einsum("tgd,gnd->tgn", x, wb) for x, wb in zip(xs, wbs)])
         d = _maxdiff(torch.einsum("tgd,gnd->tgn", xs[0], wbs[0]), ref)
