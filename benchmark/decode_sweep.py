@@ -20,7 +20,6 @@ addition order), the max |diff| to the first config is shown. The grouped MoE's 
 `--only decode_mix` (`sweep_fp32(mix_only=True)`): the decode mHC mix's tiles (`mix_configs`).
 `--only decode_stats` (`sweep_stats`): launch configs of the fixed-order RMS statistics (rms_norm, mhc_gates).
 `--only decode_enter` (`sweep_enter`): the mHC site entry (`mhc_enter`) beside the unfused chain it replaces.
-`--only decode_group` (`sweep_group`): the attention's wo_a, FP8 group kernel vs the bf16 einsum on a dequantized copy.
 `--only decode_wide` (`sweep_wide`): wide decode GEMMs (the Engram wkv) over one-pass, SWAP and folded tiles.
 `--only decode_fp32` (`sweep_fp32`): the same for `fp32_linear` (head, router, mHC mix), the first row of each
 shape being `fp32_gemm_triton.pick_config`'s choice.
@@ -440,48 +439,6 @@ def sweep_wide(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cu
             del xs, ref
         del weights
         torch.cuda.empty_cache()
-    return out
-
-
-def sweep_group(bench_graph, record, peak_bw: float, dev: str = "cuda") -> list[dict]:
-    """The attention's wo_a (`fp8_group_linear`: 8 groups of 1024 rows, K = 4096) at 1 / 8 / 64 rows: the
-    bf16 einsum on a dequantized copy of the weight (what the kernels policy ran before the op existed:
-    67 MB of bf16 per layer) beside the kernel's configs (BT, BN, SUB, warps, stages), which read the
-    33.5 MB of FP8 as stored. Bits against the kernel's pick; the einsum within the bf16 tolerance."""
-    from dsv41_kernels.group_gemm import _weight_bf16
-    from dsv41_kernels.group_gemm_triton import fp8_group_linear_triton, pick_config
-
-    out = []
-    groups, n, k = 8, 1024, 4096
-    wbytes = groups * n * k + groups * n * k // 1024
-    sets_n = 4  # 4 x 33.5 MB of FP8 (4 x 67 MB bf16) rotate past L2
-    ws = [((torch.randn(groups * n, k, device=dev) * 60).to(torch.float8_e4m3fn),
-           torch.randint(118, 124, (groups * n // 32, k // 32), device=dev).to(torch.uint8)) for _ in range(sets_n)]
-    wbs = [_weight_bf16(w, s, 32).view(groups, n, k) for w, s in ws]
-    for m in (1, 8, 64):
-        xs = [torch.randn(m, groups, k, device=dev).bfloat16() for _ in range(sets_n)]
-        picked = pick_config(m)
-        bt = picked[0]
-        configs = [picked] + [c for c in ((bt, 64, 2, 4, 4), (bt, 32, 4, 4, 4), (bt, 32, 2, 4, 6), (bt, 32, 4, 2, 4),
-                                          (bt, 32, 8, 4, 3), (bt, 16, 4, 1, 4), (bt, 16, 8, 2, 3)) if c != picked]
-        ref = fp8_group_linear_triton(xs[0], *ws[0], config=picked)
-        t0 = bench_graph([lambda x=x, wb=wb: torch.einsum("tgd,gnd->tgn", x, wb) for x, wb in zip(xs, wbs)])
-        d = _maxdiff(torch.einsum("tgd,gnd->tgn", xs[0], wbs[0]), ref)
-        out.append(_row(record, peak_bw, "wo_a decode", f"M={m} bf16 einsum on the dequantized copy", t0, t0,
-                        2 * wbytes, 2 * m * groups * n * k, f"max|diff| to the kernel {d:.3g}", ref="the einsum"))
-        for cfg in configs:
-            try:
-                tv = bench_graph([lambda x=x, w=w, c=cfg: fp8_group_linear_triton(x, *w, config=c)
-                                  for x, w in zip(xs, ws)])
-                got = fp8_group_linear_triton(xs[0], *ws[0], config=cfg)
-                same = torch.equal(got.view(torch.int16), ref.view(torch.int16))
-            except Exception as e:  # noqa: BLE001
-                print(f"  group M={m} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                continue
-            tag = " (pick_config)" if cfg == picked else ""
-            out.append(_row(record, peak_bw, "wo_a decode", f"M={m} fp8_group_linear {cfg}{tag}", tv, t0, wbytes,
-                            2 * m * groups * n * k, same, ref="the pick"))
-        del xs, ref
     return out
 
 

@@ -60,9 +60,6 @@ ENTER_TYPES = dict(r_ptr="*bf16", r_ts="i32", r_ns="i32", part_ptr="*fp32", PS="
                    w_ptr="*bf16", col_ptr="*bf16", out_ptr="*bf16", T="i32", iters="i32", hc_eps="fp32",
                    norm_eps="fp32")
 ENTER_ODD = {"T", "PS", "iters"}
-GROUP_TYPES = dict(x_ptr="*bf16", x_ts="i32", x_gs="i32", w_ptr="*u8", s_ptr="*u8", s_rs="i32", out_ptr="*i16",
-                   o_ts="i32", o_gs="i32", T="i32", N="i32", K="i32")
-GROUP_ODD = {"T"}
 NO_FUSION = {"_block_partials_kernel", "_route_kernel", "_swiglu_kernel", "_mhc_enter_kernel"}
 """Kernels launched with NO_FMA (enable_fp_fusion=False), compiled the same way here."""
 
@@ -131,12 +128,6 @@ def cases():
                      ROWS=1, CH=1024, BF16=True)
         out.append((f"_mhc_enter_kernel, 1 row per program, {c} mix part(s)", mhc_enter_triton._mhc_enter_kernel,
                     ENTER_TYPES, ENTER_ODD, const, 4, 1))
-    from dsv41_kernels import group_gemm_triton
-
-    for t in (8, 64):  # wo_a: 8 groups of 1024 rows, K = 4096
-        bt, bn, sub, warps, stages = group_gemm_triton.pick_config(t)
-        out.append((f"_group_gemm_kernel wo_a, {t} rows", group_gemm_triton._group_gemm_kernel, GROUP_TYPES,
-                    GROUP_ODD, dict(BT=bt, BN=bn, SUB=sub), warps, stages))
     return out
 
 

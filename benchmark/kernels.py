@@ -634,14 +634,6 @@ def case_decode_wide():
     report(sweep_wide(bench_graph, record, gemm_weights, PEAK_BW))
 
 
-def case_decode_group():
-    """The attention's wo_a at decode: `fp8_group_linear` beside the bf16 einsum on a dequantized weight copy
-    (decode_sweep.sweep_group)."""
-    from decode_sweep import report, sweep_group
-
-    report(sweep_group(bench_graph, record, PEAK_BW))
-
-
 def case_decode_mix():
     """The decode mHC mix's candidate tiles (decode_sweep.sweep_fp32, mix_only)."""
     from decode_sweep import report, sweep_fp32
@@ -802,8 +794,7 @@ def main() -> None:
                   "decode_moe": case_decode_moe, "decode_dense": case_decode_dense,
                   "decode_fp32": case_decode_fp32, "decode_split": case_decode_split,
                   "decode_mix": case_decode_mix, "decode_stats": case_decode_stats,
-                  "decode_enter": case_decode_enter, "decode_wide": case_decode_wide,
-                  "decode_group": case_decode_group}[part]
+                  "decode_enter": case_decode_enter, "decode_wide": case_decode_wide}[part]
             fn(targets_only=True) if a.targets else fn()
         except Exception as e:  # noqa: BLE001 - keep the other parts
             import traceback

@@ -5,7 +5,6 @@ from dsv41_kernels.cache_store import compressed_kv_store, index_key_store, wind
 from dsv41_kernels.engram import engram_gate, engram_gather, engram_hash
 from dsv41_kernels.fp32_gemm import fp32_linear
 from dsv41_kernels.gemm import fp4_linear, fp8_linear
-from dsv41_kernels.group_gemm import fp8_group_linear
 from dsv41_kernels.indexer import candidate_blocks, index_query_quant, index_scores, topk_select
 from dsv41_kernels.mhc import mhc_collapse, mhc_enter, mhc_expand, mhc_gates
 from dsv41_kernels.moe import moe_combine, moe_experts, moe_route
@@ -15,8 +14,7 @@ from dsv41_kernels.rope import rope_rotate
 
 __all__ = [
     "candidate_blocks", "compressed_kv_store", "engram_gate", "engram_gather", "engram_hash",
-    "fp4_linear", "fp8_group_linear", "fp8_linear", "fp32_linear", "index_key_store", "index_query_quant",
-    "index_scores", "mhc_collapse",
+    "fp4_linear", "fp8_linear", "fp32_linear", "index_key_store", "index_query_quant", "index_scores", "mhc_collapse",
     "mhc_enter", "mhc_expand", "mhc_gates", "moe_combine", "moe_experts", "moe_route", "rms_norm", "rope_rotate",
     "sparse_attention_paged", "swiglu", "topk_select", "window_kv_store",
 ]

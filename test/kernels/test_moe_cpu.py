@@ -62,6 +62,13 @@ def test_moe_layer_uses_views_of_stacked_weights(tiny_model):
 
 def test_layer_transformations_keep_bits(tiny_model):
     attn = tiny_model.layers[2].attn
+    want = attn.wo_a.dequantized()
+    attn.wo_a.keep_dequantized()
+    try:
+        assert attn.wo_a.dequantized() is attn.wo_a.dequantized()
+        assert torch.equal(_bits(attn.wo_a.dequantized()), _bits(want))
+    finally:
+        attn.wo_a.keep_dequantized(False)
     pos = torch.tensor([0, 5, 300, 4095, 17])
     cos, sin = attn.rotary.freqs(pos)
     tab = attn.rotary.position_table(4096, "cpu")

@@ -40,10 +40,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", prog
 
 def replace_tensors(model: DeepseekV41, tensors: dict[str, torch.Tensor]) -> None:
     """Copy validated tensors {released name: tensor} into `model`'s parameters in place, so every
-    reference to a parameter (a runtime, kernel slots, stacked experts, which are views) stays valid;
-    no copy is derived from a weight. Names must be the model's; callers validate shapes and dtypes
-    (checkpoint/update.py, export.checkpoint_tensors)."""
+    reference to a parameter (a runtime, kernel slots, stacked experts, which are views) stays valid,
+    then refresh the copies derived from weights (`FP8Linear.keep_dequantized`). Names must be the
+    model's; callers validate shapes and dtypes (checkpoint/update.py, export.checkpoint_tensors)."""
     state = model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, t in tensors.items():
             state[name].copy_(t)
+    for m in model.modules():
+        if "_dequantized" in m.__dict__:
+            m.keep_dequantized(True)

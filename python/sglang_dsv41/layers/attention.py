@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from sglang_dsv41.config import LayerRole, ModelConfig
+from sglang_dsv41.determinism import deterministic, row_tiled
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.decisions import Decisions
 from sglang_dsv41.layers.dense_attention import list_attention, masked_attention
@@ -121,9 +122,12 @@ class Attention(nn.Module):
         return self.kv_qdq(self.rope(latent, *group_freqs))
 
     def apply_numerics(self, policy, shared: dict) -> None:
-        """Policy hook (numerics.apply_numerics), same bits: under kernels wq_a / wkv run as one GEMM (`project`);
+        """Policy hook (numerics.apply_numerics), same bits: under kernels `wo_a` is kept dequantized and
+        wq_a / wkv run as one GEMM (`project`);
         with `policy.rope_table` on CUDA the RoPE rows come from one device table per kind (shared
         by the layers: `shared`), over positions 0 .. max_position_embeddings - 1."""
+        if hasattr(self.wo_a, "keep_dequantized"):
+            self.wo_a.keep_dequantized(policy.table is not None)
         self.__dict__.pop("_qkv", None)
         fused = FusedRows.of([self.wq_a, self.wkv]) if policy.table is not None else None
         if fused is not None:
@@ -140,7 +144,12 @@ class Attention(nn.Module):
     def output(self, o: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """o [T, h, D] bf16 -> [T, H] bf16."""
         o = self.rope(o, *freqs, inverse=True)
-        y = self.wo_a.grouped(o.flatten(1).unflatten(-1, (self.o_groups, -1)))  # [T, groups, o_lora_rank]
+        wo_a = self.wo_a.dequantized().view(self.o_groups, self.o_lora_rank, -1)
+        og = o.flatten(1).unflatten(-1, (self.o_groups, -1))
+        if deterministic():  # batch-invariant: fixed 64-row products (sglang_dsv41/determinism.py)
+            y = row_tiled(lambda t: torch.einsum("tgd,grd->tgr", t, wo_a), og)
+        else:
+            y = torch.einsum("tgd,grd->tgr", og, wo_a)
         return self.wo_b(y.flatten(1))
 
 

@@ -40,27 +40,9 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
 
 
-def group_einsum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x bf16 [T, G, K], w bf16 [G, N, K] -> bf16 [T, G, N] = x[:, g] @ w[g]^T per group, DeepSeek's einsum
-    for wo_a; in deterministic mode as fixed 64-row products (a row does not depend on the others)."""
-    def product(rows: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("tgd,grd->tgr", rows, w)
-
-    return row_tiled(product, x) if deterministic() else product(x)
-
-
-def group_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
-    """`FP8Linear.grouped` by default: `group_einsum` on the dequantized weight [G*N, K] viewed [G, N, K]
-    (kernel: op `fp8_group_linear`, which reads the FP8 bytes)."""
-    w = dequant_fp8_weight(weight, scale, block).to(torch.bfloat16)
-    return group_einsum(x, w.view(x.size(1), -1, x.size(2)))
-
-
 class FP8Linear(nn.Module):
-    numerics_slots = {"gemm": Slot("gemm", kernel="fp8_linear"),
-                      "group_gemm": Slot("gemm", kernel="fp8_group_linear")}
+    numerics_slots = {"gemm": Slot("gemm", kernel="fp8_linear")}
     gemm = staticmethod(fp8_linear)  # (x, weight, scale, block) -> bf16
-    group_gemm = staticmethod(group_linear)  # (x [T, G, K], weight, scale, block) -> bf16 [T, G, N]
 
     def __init__(self, in_features: int, out_features: int, block: int = 32):
         super().__init__()
@@ -72,13 +54,19 @@ class FP8Linear(nn.Module):
         return self.gemm(x, self.weight, self.scale, self.block)
 
     def dequantized(self) -> torch.Tensor:
-        """bf16 [N, K] (exact: E4M3 x power of two fits bf16)."""
+        """bf16 [N, K] (exact: E4M3 x power of two fits bf16); the kept copy if `keep_dequantized`."""
+        kept = self.__dict__.get("_dequantized")
+        if kept is not None:
+            return kept
         return dequant_fp8_weight(self.weight, self.scale, self.block).to(torch.bfloat16)
 
-    def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """x bf16 [T, G, in_features] -> bf16 [T, G, out_features / G]: the block-diagonal product of G
-        groups of rows (`wo_a`), through the `group_gemm` slot."""
-        return self.group_gemm(x, self.weight, self.scale, self.block)
+    def keep_dequantized(self, keep: bool = True) -> None:
+        """Transformation for layers that consume the bf16 weight (`wo_a`): compute it once now and
+        return that copy from `dequantized` (same bits), or drop it (keep=False)."""
+        self.__dict__.pop("_dequantized", None)
+        if keep:
+            with torch.inference_mode(False), torch.no_grad():
+                self.__dict__["_dequantized"] = self.dequantized()
 
 
 class FusedRows:

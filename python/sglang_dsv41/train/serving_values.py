@@ -76,7 +76,7 @@ class ServingValues:
 
     def sync(self) -> None:
         """Copy the trainer's current weights (their serving bytes) into the serving copy, in place: the
-        kernels' stacked experts are views of the parameters."""
+        kernels' stacked experts are views of the parameters, kept dequantized copies are refreshed."""
         replace_tensors(self.serving, checkpoint_tensors(self.trainer, include_frozen=False))
 
     @torch.no_grad()

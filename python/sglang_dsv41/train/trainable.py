@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from sglang_dsv41.layers.decisions import Decisions
-from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear, group_einsum
+from sglang_dsv41.layers.linear import FP8Linear, MXFP4Linear
 from sglang_dsv41.layers.transformer import DeepseekV41, ForwardOutput
 from sglang_dsv41.numerics import NumericsPolicy, Slot, apply_numerics
 from sglang_dsv41.quant import (
@@ -71,12 +71,8 @@ class QATFP8Linear(nn.Module):
         return self.gemm(x, self.weight, self.block)
 
     def dequantized(self) -> torch.Tensor:
-        """bf16 [N, K] on the FP8 grid, STE gradient."""
+        """bf16 [N, K] on the FP8 grid (wo_a runs as a bf16 einsum on it), STE gradient."""
         return fp8_weight_qdq_ste(self.weight, self.block).to(torch.bfloat16)
-
-    def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """`FP8Linear.grouped` (wo_a) on the re-quantized master: the bf16 einsum of `group_einsum`, STE."""
-        return group_einsum(x, self.dequantized().view(x.size(1), -1, x.size(2)))
 
     def quantized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (E4M3 [N, K], UE8M0 [ceil(N/32), ceil(K/32)]): the exported bytes."""
