@@ -50,8 +50,8 @@ ATTN_TYPES = dict(q_ptr="*bf16", q_st="i32", q_sh="i32", k_ptr="*bf16", ws_ptr="
                   K="i32", H="i32", run_max_start="fp32")
 ATTN_ODD = {"H"}
 ROUTE_TYPES = dict(z_ptr="*fp32", z_rs="i32", b_ptr="*fp32", b_rs="i32", f_ptr="*i64", w_ptr="*fp32", id_ptr="*i64",
-                   E="i32", scale="fp32")
-ROUTE_ODD = {"E", "b_rs"}
+                   E="i32", scale="fp32", PS="i32")
+ROUTE_ODD = {"E", "b_rs", "PS"}
 SWIGLU_TYPES = dict(g_ptr="*bf16", g_rs="i32", u_ptr="*bf16", u_rs="i32", w_ptr="*fp32", out_ptr="*i16", out_rs="i32",
                     N="i32", limit="fp32")
 SWIGLU_ODD: set = set()
@@ -117,7 +117,10 @@ def cases():
     from dsv41_kernels import router_triton
 
     out.append(("_route_kernel, 384 experts top-6 (release router)", router_triton._route_kernel, ROUTE_TYPES, ROUTE_ODD,
-                dict(K=6, KP=8, BE=512, NORM=True, FORCED=False), 4, 1))
+                dict(K=6, KP=8, BE=512, NORM=True, FORCED=False, C=1), 4, 1))
+    out.append(("_route_kernel, 16 experts top-6, the router GEMM's 5 chunk partials (moe_gate)",
+                router_triton._route_kernel, dict(ROUTE_TYPES, id_ptr="*i32"), ROUTE_ODD,
+                dict(K=6, KP=8, BE=16, NORM=True, FORCED=False, C=5), 4, 1))
     out.append(("_swiglu_kernel, shared expert h", router_triton._swiglu_kernel, SWIGLU_TYPES, SWIGLU_ODD,
                 dict(HAS_W=False, CLAMP=True, BLOCK=1024), 4, 1))
     from dsv41_kernels import mhc_enter_triton

@@ -13,6 +13,8 @@ j-th smallest expert id's output (the fp32 summation order of the layer), per pa
     swiglu(g, u, limit, weight=None) -> bf16 [t, I]     the shared expert's h (`shared_math.swiglu_cast`)
     moe_route(logits, bias, k, scale, norm, forced=None) -> (weights fp32 [T, k], ids int64 [T, k])
                                                          the router after its GEMM (`shared_math.route`)
+    moe_gate(x, weight, bias, k, scale, norm, forced=None) -> (weights fp32 [T, k], ids int32 [T, k])
+                                                         the whole router: its fp32 logits GEMM, then moe_route
 
 routed [T, k, H] bf16 (moe_experts' output, the layer's slot order), shared [T, H] bf16 (the shared
 expert): acc = +0; acc = acc + fp32(routed[:, j]) for j = 0 .. k-1; then acc + fp32(shared); one cast.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv41_kernels.fp32_gemm import fp32_linear
 from dsv41_kernels.gemm import fp4_linear
 from dsv41_kernels.registry import attach_kernels, register
 from sglang_dsv41 import shared_math
@@ -76,5 +79,14 @@ def moe_route(logits, bias, k: int, scale: float, norm: bool, forced=None):
     return shared_math.route(logits, bias, k, scale, norm, forced)
 
 
+@register("moe_gate")
+def moe_gate(x, weight, bias, k: int, scale: float, norm: bool, forced=None):
+    """x bf16 [T, H], weight bf16 [E, H], bias / forced as `moe_route` -> (weights fp32 [T, k], expert ids int32
+    [T, k], the dtype the layer records): `fp32_linear` then `moe_route`. The kernel folds the logits GEMM's
+    chunk partials inside the route launch (two launches instead of three, and no int32 copy)."""
+    w, ids = moe_route.torch(fp32_linear.torch(x, weight), bias, k, scale, norm, forced)
+    return w, ids.to(torch.int32)
+
+
 attach_kernels("dsv41_kernels.moe_triton", "moe_experts", "moe_combine")
-attach_kernels("dsv41_kernels.router_triton", "swiglu", "moe_route")
+attach_kernels("dsv41_kernels.router_triton", "swiglu", "moe_route", "moe_gate")

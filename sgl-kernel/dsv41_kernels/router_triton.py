@@ -10,6 +10,7 @@ shared expert's SwiGLU, one launch each (the twins take eight and seven).
       (w_0 .. w_3; w_4 .. w_k-1 added to column 0) folded as ((c0 + c1) + c2) + c3, or for k < 4 the
       weights left to right; w_j / (total + 1e-20) (IEEE division) when norm and k > 1; times scale.
   On the GPU the transcendentals are torch CUDA's, so it equals the twin on the same device bit for bit.
+  `moe_gate` runs it on the logits GEMM's chunk partials, added in the fold's order inside the launch.
 `_swiglu_kernel`, [rows, BLOCK columns] per program: g, u bf16 -> fp32; u = clamp(u, -L, L), g = min(g, L)
   (L > 0; NaN kept); h = silu(g) * u (`transcendentals.silu_f32`); times the row's weight; bf16 (RNE).
   Every step is the twin's IEEE operation, so it equals the twin on the same device bit for bit.
@@ -22,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_kernels.moe import moe_route, swiglu_op
+from dsv41_kernels.fp32_gemm_triton import linear_parts, operand
+from dsv41_kernels.moe import moe_gate, moe_route, swiglu_op
 from dsv41_kernels.transcendentals import silu_f32, softplus_f32, sqrt_f32
 from dsv41_kernels.triton_numerics import NO_FMA, bf16_bits, clamp_nan
 
@@ -37,14 +39,23 @@ def _pick(v, idx, j: tl.constexpr):
 
 
 @triton.jit
-def _route_kernel(z_ptr, z_rs, b_ptr, b_rs, f_ptr, w_ptr, id_ptr, E, scale,
-                  K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, FORCED: tl.constexpr):
+def _route_kernel(z_ptr, z_rs, b_ptr, b_rs, f_ptr, w_ptr, id_ptr, E, scale, PS,
+                  K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, NORM: tl.constexpr, FORCED: tl.constexpr,
+                  C: tl.constexpr):
     """Row t: z fp32 [E] (row stride z_rs), bias fp32 (row stride b_rs, 0 for one bias row), forced
-    int64 [T, K] (FORCED) -> w fp32 [T, K], ids int64 [T, K]. KP = next power of two >= K, BE >= E."""
+    int64 [T, K] (FORCED) -> w fp32 [T, K], ids [T, K] (int64, or int32: the store casts). KP = next power
+    of two >= K, BE >= E. C > 1: z is the sum of C chunk partials P [C, T, E] (part stride PS) in chunk
+    order from +0, the order of `fp32_gemm_triton._fold_chunks_kernel`."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BE)
     ok = e < E
-    s = sqrt_f32(softplus_f32(tl.load(z_ptr + t * z_rs + e, mask=ok, other=0.0)))
+    if C == 1:
+        z = tl.load(z_ptr + t * z_rs + e, mask=ok, other=0.0)
+    else:
+        z = tl.zeros([BE], dtype=tl.float32)
+        for c in tl.static_range(C):
+            z = z + tl.load(z_ptr + c * PS + t * z_rs + e, mask=ok, other=0.0)
+    s = sqrt_f32(softplus_f32(z))
     kk = tl.arange(0, KP)
     ids = tl.zeros([KP], dtype=tl.int64)
     w = tl.zeros([KP], dtype=tl.float32)
@@ -97,9 +108,38 @@ def moe_route_triton(logits, bias, k: int, scale: float, norm: bool, forced=None
     ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     f = forced.to(device=logits.device, dtype=torch.int64).contiguous() if forced is not None else ids
     if t:
-        _route_kernel[(t,)](z, z.stride(0), b, b.stride(0) if b.dim() == 2 else 0, f, w, ids, n, float(scale),
-                            K=k, KP=triton.next_power_of_2(k), BE=triton.next_power_of_2(n),
-                            NORM=bool(norm and k > 1), FORCED=forced is not None, num_warps=4, **NO_FMA)
+        _route(z, z.stride(0), 0, 1, b, f, forced is not None, w, ids, k, scale, norm)
+    return w, ids
+
+
+def _route(z, z_rs, ps, c, b, f, forced: bool, w, ids, k: int, scale: float, norm: bool) -> None:
+    """One `_route_kernel` launch over the T = w.size(0) rows of logits z (C = c chunk partials, stride ps)."""
+    n = b.size(-1)
+    _route_kernel[(w.size(0),)](z, z_rs, b, b.stride(0) if b.dim() == 2 else 0, f, w, ids, n, float(scale), ps,
+                                K=k, KP=triton.next_power_of_2(k), BE=triton.next_power_of_2(n),
+                                NORM=bool(norm and k > 1), FORCED=forced, C=c, num_warps=4, **NO_FMA)
+
+
+@moe_gate.triton_impl
+def moe_gate_triton(x, weight, bias, k: int, scale: float, norm: bool, forced=None, gemm_config=None):
+    """Same contract and bits as `fp32_linear`'s kernel followed by `moe_route`'s: the logits GEMM's chunk
+    partials (`fp32_gemm_triton.linear_parts`), then one route launch that adds them in chunk order and
+    writes int32 ids. Inputs `moe_route_triton` would send to its twin, and calls that need autograd, run
+    the twin. `gemm_config`: a `fp32_gemm_triton.pick_config` tuple for the GEMM (tests)."""
+    n = weight.shape[0] if weight.dim() == 2 else 0
+    t = x.shape[0] if x.dim() == 2 else 0
+    grad = torch.is_grad_enabled() and any(a.requires_grad for a in (x, weight, bias))
+    if (grad or x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or not 0 < n <= ROUTE_MAX_EXPERTS
+            or k > n or k >= 8 or bias.dtype != torch.float32 or bias.shape not in ((n,), (t, n))):
+        return moe_gate.torch(x, weight, bias, k, scale, norm, forced)
+    w = torch.empty(t, k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(t, k, dtype=torch.int32, device=x.device)
+    if t == 0:
+        return w, ids
+    parts = linear_parts(operand(x), operand(weight), gemm_config)  # [C, T, E]
+    b = bias if bias.stride(-1) == 1 else bias.contiguous()
+    f = forced.to(device=x.device, dtype=torch.int64).contiguous() if forced is not None else w
+    _route(parts, n, t * n, parts.size(0), b, f, forced is not None, w, ids, k, scale, norm)
     return w, ids
 
 

@@ -112,3 +112,23 @@ def route_cases(device: str = "cpu") -> list[tuple]:
     cases.append((z, bias[0], 6, 2.0, True, forced))
     cases.append((torch.zeros(0, 384), torch.zeros(384), 6, 1.0, True, None))
     return [(z.to(device), b.to(device), k, sc, nm, None if f is None else f.to(device)) for z, b, k, sc, nm, f in cases]
+
+
+def gate_cases(device: str = "cpu") -> list[tuple]:
+    """(x bf16 [T, H], weight bf16 [E, H], bias fp32 [E] | [T, E], k, scale, norm, forced | None,
+    fp32_gemm_triton config | None) for `moe_gate`: 16 and 384 experts top-6, one and several chunk partials
+    of the logits GEMM (the route launch then folds them), per-row biases, forced ids, T = 0."""
+    g = torch.Generator().manual_seed(17)
+    cases = []
+    for t, e, h, cfg in ((8, 16, 256, (16, 64, 32, True, True, 4, 2, 64)), (3, 40, 96, None),
+                         (9, 384, 128, (16, 64, 32, True, True, 4, 2, 32)), (5, 16, 64, None)):
+        x = (torch.randn(t, h, generator=g) * 2).bfloat16()
+        w = (torch.randn(e, h, generator=g) * 0.3).bfloat16()
+        cases.append((x, w, torch.randn(e, generator=g) * 0.1, 6, 2.5, True, None, cfg))
+    x, w = (torch.randn(6, 64, generator=g)).bfloat16(), (torch.randn(64, 64, generator=g) * 0.3).bfloat16()
+    forced = torch.stack([torch.randperm(64, generator=g)[:6] for _ in range(6)]).int()
+    cases.append((x, w, torch.randn(6, 64, generator=g) * 0.2, 6, 2.0, True, None, None))
+    cases.append((x, w, torch.randn(64, generator=g) * 0.2, 6, 2.0, True, forced, (16, 64, 32, True, True, 4, 2, 32)))
+    cases.append((torch.zeros(0, 64).bfloat16(), w, torch.zeros(64), 6, 1.0, True, None, None))
+    return [(x.to(device), w.to(device), b.to(device), k, sc, nm, None if f is None else f.to(device), cfg)
+            for x, w, b, k, sc, nm, f, cfg in cases]

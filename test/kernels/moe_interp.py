@@ -113,8 +113,18 @@ def main() -> int:
             assert torch.equal(ids, want_ids), f"ids {tuple(case[0].shape)} k={case[2]}"
             assert torch.equal(w.view(torch.int32), want_w.view(torch.int32)), f"weights {tuple(case[0].shape)} k={case[2]}"
 
+    def gate():
+        from moe_cases import gate_cases
+
+        for x, w, b, k, sc, nm, f, cfg in gate_cases():
+            got_w, got_ids = ops.moe_gate.triton(x, w, b, k, sc, nm, f, gemm_config=cfg)
+            want_w, want_ids = ops.moe_route.triton(ops.fp32_linear.triton(x, w, config=cfg), b, k, sc, nm, f)
+            assert got_ids.dtype == torch.int32 and torch.equal(got_ids, want_ids.int()), f"ids {tuple(x.shape)} {cfg}"
+            assert torch.equal(got_w.view(torch.int32), want_w.view(torch.int32)), f"weights {tuple(x.shape)} {cfg}"
+
     return run_checks((("moe_experts", moe), ("gemm_configs", gemm_configs), ("rms_norm", norm),
-                       ("moe_combine", combine), ("moe_routing", routing), ("swiglu", swiglu), ("moe_route", route)))
+                       ("moe_combine", combine), ("moe_routing", routing), ("swiglu", swiglu), ("moe_route", route),
+                       ("moe_gate", gate)))
 
 
 if __name__ == "__main__":

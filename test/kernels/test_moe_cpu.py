@@ -140,7 +140,7 @@ def test_fused_attention_projection_keeps_bits(tiny_model):
 @pytest.mark.interp
 def test_kernels_under_interpreter():
     pytest.importorskip("triton")
-    run_script(Path(__file__).with_name("moe_interp.py"), 7, timeout=300, pin_cpu_kernels=True)
+    run_script(Path(__file__).with_name("moe_interp.py"), 8, timeout=300, pin_cpu_kernels=True)
 
 
 @pytest.mark.interp
@@ -150,3 +150,36 @@ def test_bf16_operand_kernels_under_interpreter():
     interpreter (dequant_interp.py)."""
     pytest.importorskip("triton")
     run_script(Path(__file__).with_name("dequant_interp.py"), 9, timeout=300)
+
+
+def test_gate_follows_the_kernels_policy(tiny_model):
+    """With fp32_gemm and moe on kernels a Gate runs the table's `moe_gate` (weights, bias, k, scale and forced
+    ids handed over: the twin table gives the two slots' weights bitwise and their ids as int32); a policy with
+    one of those families exact keeps the slots; exact() removes the op."""
+    from dataclasses import replace
+
+    from dsv41_kernels.op_table import OpTable
+    from sglang_dsv41.numerics import Mode, NumericsPolicy, apply_numerics
+
+    gate = tiny_model.layers[1].ffn.gate
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(11, tiny_model.cfg.hidden_size, generator=g) * 2).bfloat16()
+    table, counts = OpTable.twins().counting()
+    with torch.inference_mode():
+        want_w, want_ids = gate(x)
+        forced = want_ids.flip(-1)
+        want_fw, _ = gate(x, forced)
+        try:
+            apply_numerics(tiny_model, replace(NumericsPolicy.kernels(table), moe=Mode.EXACT))
+            assert "_gate" not in gate.__dict__
+            apply_numerics(tiny_model, NumericsPolicy.kernels(table))
+            assert gate.__dict__.get("_gate") is table.moe_gate
+            got_w, got_ids = gate(x)
+            got_fw, got_fids = gate(x, forced)
+            calls = counts[("moe_gate", "torch")]
+        finally:
+            apply_numerics(tiny_model, NumericsPolicy.exact())
+    assert calls == 2 and "_gate" not in gate.__dict__
+    assert want_ids.dtype == torch.int64 and got_ids.dtype == torch.int32
+    assert torch.equal(got_ids.long(), want_ids) and torch.equal(got_fids.long(), forced)
+    assert torch.equal(_bits(got_w), _bits(want_w)) and torch.equal(_bits(got_fw), _bits(want_fw))

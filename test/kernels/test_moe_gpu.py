@@ -2,7 +2,8 @@
 torch twin (row tolerance of moe_cases.assert_moe_close), bitwise batch invariance and config
 independence in deterministic mode, the fast mode's K split at decode, the one-launch routing tables (bitwise the torch ops'), the bf16 prefill path (moe_prefill)
 against the twin and its expert chunks, CUDA-graph capture (no host sync); `moe_combine`, the RMSNorm
-kernel, the shared expert's `swiglu` and the router `moe_route` bitwise against their twins on CUDA.
+kernel, the shared expert's `swiglu` and the router `moe_route` bitwise against their twins on CUDA;
+`moe_gate` bitwise against the kernels it fuses.
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -214,6 +215,25 @@ def test_route_bitwise_twin():
         want_w, want_ids = ops.moe_route.torch(*case)
         assert torch.equal(ids, want_ids), tuple(case[0].shape)
         assert torch.equal(w.view(torch.int32), want_w.view(torch.int32)), tuple(case[0].shape)
+
+
+
+def test_gate_bitwise_kernels():
+    """`moe_gate` (the logits GEMM's chunk partials, then one route launch that folds them) == the
+    `fp32_linear` kernel followed by the `moe_route` kernel, bit for bit (ids as int32), with one and several
+    chunk partials, forced ids, and at 64 and 300 rows of the release's 384 experts."""
+    from moe_cases import gate_cases
+
+    ops = _ops()
+    g = torch.Generator(device="cuda").manual_seed(8)
+    big = [((torch.randn(t, 5120, device="cuda", generator=g) * 2).bfloat16(),
+            (torch.randn(384, 5120, device="cuda", generator=g) * 0.05).bfloat16(),
+            torch.randn(384, device="cuda", generator=g) * 0.1, 6, 2.5, True, None, None) for t in (1, 8, 64, 300)]
+    for x, w, b, k, sc, nm, f, cfg in gate_cases("cuda") + big:
+        got_w, got_ids = ops.moe_gate.triton(x, w, b, k, sc, nm, f, gemm_config=cfg)
+        want_w, want_ids = ops.moe_route.triton(ops.fp32_linear.triton(x, w, config=cfg), b, k, sc, nm, f)
+        assert got_ids.dtype == torch.int32 and torch.equal(got_ids, want_ids.int()), (tuple(x.shape), cfg)
+        assert torch.equal(got_w.view(torch.int32), want_w.view(torch.int32)), (tuple(x.shape), cfg)
 
 
 if __name__ == "__main__":

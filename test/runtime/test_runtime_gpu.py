@@ -34,8 +34,9 @@ def test_runtime_calls_every_kernel_and_matches_twins(tiny_dir):
     assert {name for name, impl in calls if impl == "torch"} == set()
     # every op the runtime routes through ran, Engram too; routed experts run as the grouped `moe_experts`
     # op, so the per-linear MXFP4 slot `fp4_linear` (MXFP4Linear outside the grouped path) is not called,
-    # and a site's gates run inside `mhc_enter` (Block.enter), so `mhc_gates` is not called on its own
-    assert {name for name, _ in calls} == set(OpTable.kernels().names()) - {"fp4_linear", "mhc_gates"}
+    # a site's gates run inside `mhc_enter` (Block.enter) and the router inside `moe_gate` (Gate), so
+    # `mhc_gates` and `moe_route` are not called on their own
+    assert {name for name, _ in calls} == set(OpTable.kernels().names()) - {"fp4_linear", "mhc_gates", "moe_route"}
 
     apply_numerics(model, NumericsPolicy.exact())
     twins = run(OpTable.twins(), replay=[o.decisions for o in fast])

@@ -25,7 +25,7 @@ from torch import nn
 
 from sglang_dsv41.config import ModelConfig
 from sglang_dsv41.layers.linear import FP32_GEMM_SLOT, FP8Linear, FusedRows, MXFP4Linear, fp32_linear
-from sglang_dsv41.numerics import Slot
+from sglang_dsv41.numerics import Mode, Slot
 from sglang_dsv41.quant import exact_value, fp4_linear, mxfp4_qdq_ste, mxfp8_qdq_ste, quant_mxfp4
 from sglang_dsv41.shared_math import moe_combine as combine
 from sglang_dsv41.shared_math import route, swiglu, swiglu_cast
@@ -46,14 +46,24 @@ class Gate(nn.Module):
         self.bias_vl = (nn.Parameter(torch.zeros(m.n_routed_experts, dtype=torch.float32), requires_grad=False)
                         if cfg.vision is not None else None)
 
+    def apply_numerics(self, policy, shared: dict) -> None:
+        """Policy hook (numerics.apply_numerics), same bits: with fp32_gemm and moe both on kernels the router
+        runs as the table's one op `moe_gate` (logits GEMM, fold and route; int32 ids)."""
+        self.__dict__.pop("_gate", None)
+        if policy.fp32_gemm is Mode.KERNEL and policy.moe is Mode.KERNEL:
+            self.__dict__["_gate"] = policy.table.moe_gate
+
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None,
                 image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] bf16 -> (weights fp32 [T, k], expert ids int64 [T, k]) (`shared_math.route`).
-        `forced` [T, k] replays given ids; `image_rows` bool [T]: rows inside image spans, which
-        select with `bias_vl`."""
+        """x [T, H] bf16 -> (weights fp32 [T, k], expert ids int [T, k]: int64, int32 from `moe_gate`)
+        (`shared_math.route`). `forced` [T, k] replays given ids; `image_rows` bool [T]: rows inside image
+        spans, which select with `bias_vl`."""
         bias = self.bias
         if image_rows is not None and self.bias_vl is not None:
             bias = torch.where(image_rows.unsqueeze(-1), self.bias_vl, bias)
+        fused = self.__dict__.get("_gate")
+        if fused is not None:
+            return fused(x, self.weight, bias, self.topk, self.route_scale, self.norm_topk_prob, forced)
         return self.route(self.fp32_gemm(x, self.weight), bias, self.topk, self.route_scale, self.norm_topk_prob, forced)
 
 
