@@ -389,7 +389,7 @@ WIDE = {"engram wkv": ("fp8", 5 * HID, 24 * 256)}
 """The Engram layers' wkv at the `bench` widths (n_hash_cols 24 x head_dim 256 -> 4 streams + 1 value)."""
 
 
-def wide_configs(m: int, n: int, k: int, sms: int) -> list[tuple]:
+def wide_configs(m: int, k: int) -> list[tuple]:
     """One-pass tiles of 64 / 32 weight rows, SWAP tiles of 64 / 128 weight rows, and folded split-K of
     2 .. 8 chunks (FOLD: the chunk sums are added in chunk order by the last program of a tile)."""
     kb = k // 32
@@ -410,7 +410,6 @@ def sweep_wide(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cu
     from dsv41_kernels import gemm_triton
 
     out = []
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, (kind, n, k) in WIDE.items():
         fn = gemm_triton.fp8_linear_triton
         wbytes = n * k + n * k // 32
@@ -419,7 +418,7 @@ def sweep_wide(bench_graph, record, gemm_weights, peak_bw: float, dev: str = "cu
         for m in (8, 64):
             xs = [torch.randn(m, k, device=dev).bfloat16() for _ in range(sets_n)]
             picked = tuple(gemm_triton.pick_config(m, n, k, dev, fast=True))
-            configs = [picked] + [c for c in wide_configs(m, n, k, sms) if c != picked]
+            configs = [picked] + [c for c in wide_configs(m, k) if c != picked]
             ref = fn(xs[0], *weights[0], config=picked)
             t0 = None
             for cfg in configs:

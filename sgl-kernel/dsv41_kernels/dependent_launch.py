@@ -24,8 +24,20 @@ import triton.language as tl
 
 from dsv41_kernels.triton_numerics import INTERPRET
 
-ENABLED = not INTERPRET and os.environ.get("SGLANG_DSV41_DEPENDENT_LAUNCH", "1") != "0"
-"""Whether kernels launch DEPENDENT (read once, like INTERPRET)."""
+ENV = "SGLANG_DSV41_DEPENDENT_LAUNCH"
+
+
+def enabled(environ=None) -> bool:
+    """Whether kernels launch DEPENDENT: unset or 1/true/yes/on (default), 0/false/no/off plain; any other
+    value raises ValueError naming the variable."""
+    raw = (os.environ if environ is None else environ).get(ENV, "1").strip().lower()
+    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"{ENV}={raw!r}: expected 1, true, yes, on (default) or 0, false, no, off")
+    return raw in ("1", "true", "yes", "on")
+
+
+ENABLED = not INTERPRET and enabled()
+"""Whether kernels launch DEPENDENT (read once at import, like INTERPRET)."""
 
 DEPENDENT = {"launch_pdl": True} if ENABLED else {}
 """Launch options of a kernel that may start before the one before it has finished."""
@@ -47,4 +59,4 @@ def wait():
         tl.extra.cuda.gdc_wait()
 
 
-__all__ = ["DEPENDENT", "ENABLED", "release", "wait"]
+__all__ = ["DEPENDENT", "ENABLED", "ENV", "enabled", "release", "wait"]

@@ -60,3 +60,17 @@ def test_kernels_that_wait_are_dependent():
     waits, launches = _kernel_waits(), _launches()
     plain = {name for name, dep in launches if not dep}
     assert not [n for n, w in waits.items() if w and n in plain], "wait() in a kernel launched plainly"
+
+
+def test_switch_values():
+    """SGLANG_DSV41_DEPENDENT_LAUNCH: unset / on values enable, off values disable, anything else is an error
+    naming the variable (not a silent default)."""
+    import pytest
+
+    from dsv41_kernels.dependent_launch import enabled
+
+    assert enabled({}) and enabled({"SGLANG_DSV41_DEPENDENT_LAUNCH": " On "})
+    assert not enabled({"SGLANG_DSV41_DEPENDENT_LAUNCH": "0"}) and not enabled({"SGLANG_DSV41_DEPENDENT_LAUNCH": "off"})
+    for bad in ("", "2", "maybe", "x" * 1000):
+        with pytest.raises(ValueError, match="SGLANG_DSV41_DEPENDENT_LAUNCH"):
+            enabled({"SGLANG_DSV41_DEPENDENT_LAUNCH": bad})
