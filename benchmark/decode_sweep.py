@@ -62,7 +62,7 @@ def _row(record, peak_bw, name, shape, tv, t0, nbytes, flops, same, ref="first c
 
 
 def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
-    """Fast-mode decode candidates: the pick (SWAP tiles + `fast_decode_tail`), the split pick, other tiles / warps / pipeline
+    """Fast-mode decode candidates: the pick (SWAP tiles + `decode_tail`), the split pick, other tiles / warps / pipeline
     depths with their own `split_counts`, other splits of the picked tiles (unsplit included), and the
     pick's splits under register caps (`moe_experts_triton`'s MAXNREG) at 3 and 4 pipeline stages, and the
     stream-K schedule at 2, 4 and 5 programs per SM."""
@@ -70,7 +70,7 @@ def fast_moe_configs(t: int, n_exp: int, dev: str) -> list[tuple]:
 
     base = tuple(moe_triton.pick_config(t * TOPK, n_exp))
     s1, s2 = moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, *base[:3], dev)
-    out = [base + moe_triton.fast_decode_tail(t * TOPK, n_exp, INTER, HID, base, dev), base + (s1, s2)]
+    out = [base + moe_triton.decode_tail(t * TOPK, n_exp, INTER, HID, base, dev, fast=True), base + (s1, s2)]
     for bm, bn1, bn2, w, st in ((16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 32, 64, 4, 4)):
         out.append((bm, bn1, bn2, w, st, True) + moe_triton.split_counts(t * TOPK, n_exp, INTER, HID, bm, bn1, bn2, dev))
     for sp in ((s1 + 1, s2 + 1), (2 * s1, 2 * s2), (max(1, s1 // 2), max(1, s2 // 2)), (1, 1)):

@@ -64,13 +64,15 @@ NO_FUSION = {"_block_partials_kernel", "_route_kernel", "_swiglu_kernel", "_mhc_
 """Kernels launched with NO_FMA (enable_fp_fusion=False), compiled the same way here."""
 
 
-def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int) -> dict:
-    """Compile `fn` for sm_90a with `const` constexprs; -> registers, spills, shared bytes, PTX / IR counts."""
+def compile_kernel(fn, types: dict, odd: set, const: dict, warps: int, stages: int, maxnreg: int | None = None) -> dict:
+    """Compile `fn` for sm_90a with `const` constexprs (and a register cap); -> registers, spills, shared bytes,
+    PTX / IR counts."""
     sig = {name: ("constexpr" if name in const else types[name]) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name not in const and name not in odd and types[name] != "fp32"}
     c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=fn.__name__ not in NO_FUSION))
+                       options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=fn.__name__ not in NO_FUSION)
+                       | ({"maxnreg": maxnreg} if maxnreg else {}))
     ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as d:
@@ -97,12 +99,15 @@ def cases():
     out = []
     for t in (8, 64):
         rows = t * 6
-        bm, bn1, bn2, warps, stages, swap = moe_triton.pick_config(rows, 16)
+        pick = moe_triton.pick_config(rows, 16)
+        bm, bn1, bn2, warps, stages, swap = pick
         s1, s2 = moe_triton.split_counts(rows, 16, 2304, 5120, bm, bn1, bn2, "cpu")
+        cap = moe_triton.decode_tail(rows, 16, 2304, 5120, pick, "cpu", fast=False)[2:3]  # the deterministic pick's
         for stage1, bn, splits in ((True, bn1, s1), (False, bn2, s2)):
             const = dict(STAGE1=stage1, BM=bm, BN=bn, SUB=4, SWAP=swap, PACKED=True, KSPLIT=splits > 1)
-            out.append((f"_moe_gemm_kernel stage {1 if stage1 else 2}, {t} tokens x top-6, K split {splits}",
-                        moe_triton._moe_gemm_kernel, MOE_TYPES, MOE_ODD, const, warps, stages))
+            out.append((f"_moe_gemm_kernel stage {1 if stage1 else 2}, {t} tokens x top-6, K split {splits}"
+                        + (f", maxnreg {cap[0]}" if cap else ""),
+                        moe_triton._moe_gemm_kernel, MOE_TYPES, MOE_ODD, const, warps, stages, cap[0] if cap else None))
     for name, n, k in (("wq_a", 1280, 5120), ("wo_b", 5120, 8192), ("shared w1", 2304, 5120)):
         cfg = gemm_triton.pick_config(8, n, k, "cpu", fast=True)
         bm, bn, warps, stages, ks, swap, *fold = cfg
@@ -145,8 +150,8 @@ def main() -> None:
              "warpgroup MMAs in loop | wait pendings | mma.sync | IEEE div / sqrt | approximate div / sqrt |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for name, fn, types, odd, const, warps, stages in cases():
-        r = compile_kernel(fn, types, odd, const, warps, stages)
+    for name, fn, types, odd, const, warps, stages, *cap in cases():
+        r = compile_kernel(fn, types, odd, const, warps, stages, *cap)
         waits = ",".join(r["waits"]) if r["waits"] else "-"
         row = (f"| {name} | {', '.join(f'{k}={v}' for k, v in const.items())} | {warps} / {stages} | {r['regs']} | "
                f"{r['spill']} | {r['smem']} | {r['cp_async']} | {r['ld_global']} | {r['wgmma']} | {waits} | {r['mma_sync']} | "

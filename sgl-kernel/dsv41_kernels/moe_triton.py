@@ -45,9 +45,23 @@ from sglang_dsv41.determinism import deterministic
 
 @triton.jit
 def _fp4_tile(w_row, kb, n_ok):
-    """Packed E2M1 [BN, 16] of K block kb -> float8e4nv [BN, 32] in K_EVENS_FIRST order, values x 2**-6
-    (`e2m1_block_e4m3_evens_first`)."""
-    return e2m1_block_e4m3_evens_first(tl.load(w_row + kb * 16, mask=n_ok[:, None], other=0))
+    """Packed E2M1 [BN, 16] of K block kb (w_row: [BN] row pointers) -> float8e4nv [BN, 32] in K_EVENS_FIRST
+    order, values x 2**-6 (`e2m1_block_e4m3_evens_first`)."""
+    return e2m1_block_e4m3_evens_first(tl.load(w_row[:, None] + kb * 16 + tl.arange(0, 16)[None, :],
+                                               mask=n_ok[:, None], other=0))
+
+
+@triton.jit
+def _fp4_tiles4(w_row, kb0, n_ok, WR: tl.constexpr):
+    """The packed E2M1 of K blocks kb0 .. kb0+3 as one [WR, 64] load (64 contiguous bytes per row: whole
+    sectors, where four [WR, 16] loads each use half of every sector they touch), split in registers into
+    the four blocks' [WR, 16] tiles."""
+    w4 = tl.load(w_row[:, None] + kb0 * 16 + tl.arange(0, 64)[None, :], mask=n_ok[:, None], other=0)
+    t = tl.permute(tl.reshape(w4, [WR, 2, 2, 16]), (0, 3, 1, 2))  # [row, byte, kb0 + 2h + l] as [.., h, l]
+    lo, hi = tl.split(t)  # l = 0: blocks 0, 2; l = 1: blocks 1, 3 ([WR, 16, 2] over h)
+    b0, b2 = tl.split(lo)
+    b1, b3 = tl.split(hi)
+    return b0, b1, b2, b3
 
 
 @triton.jit
@@ -75,7 +89,7 @@ def _scale_word(s_row, kb, ok, KB):
 def _tile(a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, t, pid_n, w_ptr, v_ptr, w_es, w_rs, sw_ptr, sv_ptr, sw_es,
           sw_rs, N, K, TOPK, STAGE1: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Rows and operand pointers of tile t (expert e) x weight-row tile pid_n: (rp, m_ok, r, arow, j, rn, n_ok,
-    a_row, w_row, sw_row); rows j >= BN of the [WR, 16] weight tile are v's (STAGE1), see `_moe_gemm_kernel`."""
+    a_row, w_row, sw_row); w_row / sw_row: [WR] row pointers, rows j >= BN are v's (STAGE1), see `_moe_gemm_kernel`."""
     p0 = tl.load(tile_p_ptr + t)
     p_end = tl.load(tile_end_ptr + t)
     rp = p0 + tl.arange(0, BM)
@@ -92,7 +106,7 @@ def _tile(a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, t, pid_n, w_ptr, v_ptr, 
     w_base = tl.where(j < BN, w_ptr, v_ptr)  # STAGE1 rows j >= BN: the same weight rows of v (w3)
     s_base = tl.where(j < BN, sw_ptr, sv_ptr)
     a_row = a_ptr + arow.to(tl.int64)[:, None] * K + tl.arange(0, 32)[None, :]
-    w_row = w_base[:, None] + e.to(tl.int64) * w_es + rn.to(tl.int64)[:, None] * w_rs + tl.arange(0, 16)[None, :]
+    w_row = w_base + e.to(tl.int64) * w_es + rn.to(tl.int64) * w_rs  # [WR] row pointers
     sw_row = s_base + e.to(tl.int64) * sw_es + rn.to(tl.int64) * sw_rs
     return rp, m_ok, r, arow, j, rn, n_ok, a_row, w_row, sw_row
 
@@ -101,7 +115,8 @@ def _tile(a_ptr, perm_ptr, tile_p_ptr, tile_end_ptr, e, t, pid_n, w_ptr, v_ptr, 
 def _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, k_lo, k_hi, KB, WR: tl.constexpr,
            BM: tl.constexpr, SUB: tl.constexpr, SWAP: tl.constexpr, PACKED: tl.constexpr):
     """fp32 [BM, WR]: the scaled block partials of K blocks [k_lo, k_hi) (whole SUB groups) added in K order
-    from +0, one MMA of [WR, 32] weight rows per block (`_block_fma`)."""
+    from +0, one MMA of [WR, 32] weight rows per block (`_block_fma`). PACKED (SUB == 4): an iteration's four
+    weight tiles come from one load (`_fp4_tiles4`) and its weight scales from one word per row."""
     if SWAP:
         acc = tl.zeros([WR, BM], dtype=tl.float32)
     else:
@@ -111,15 +126,25 @@ def _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, k_lo, k_hi, KB
     for kb0 in range(k_lo, k_hi, SUB):
         if PACKED:
             nwsc = _scale_word(sw_row, kb0 + 4, n_ok, KB)
+            b0, b1, b2, b3 = _fp4_tiles4(w_row, kb0, n_ok, WR)
         for i in tl.static_range(SUB):
             kb = kb0 + i
             a = tl.load(a_row + kb * 32, mask=m_ok[:, None], other=0.0)
             sa = tl.load(sa_ptr + kb * sa_rs + arow, mask=m_ok, other=0.0) * E2M1_UNSHIFT  # weights come x 2**-6
             if PACKED:
                 sw = e8m0_value(wsc >> (8 * i))  # little endian: byte i is block kb0 + i
+                if i == 0:
+                    wt = e2m1_block_e4m3_evens_first(b0)
+                elif i == 1:
+                    wt = e2m1_block_e4m3_evens_first(b1)
+                elif i == 2:
+                    wt = e2m1_block_e4m3_evens_first(b2)
+                else:
+                    wt = e2m1_block_e4m3_evens_first(b3)
             else:
                 sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
-            acc = _block_fma(a, _fp4_tile(w_row, kb, n_ok), sa, sw, acc, SWAP)
+                wt = _fp4_tile(w_row, kb, n_ok)
+            acc = _block_fma(a, wt, sa, sw, acc, SWAP)
         if PACKED:
             wsc = nwsc
     if SWAP:
@@ -347,8 +372,16 @@ def pick_config(rows: int, n_experts: int = 0) -> tuple[int, int, int, int, int,
     switch keeps rows batch invariant."""
     if rows <= DECODE_ROWS:
         wide = n_experts and rows >= WIDE_PAIRS_PER_EXPERT * n_experts
-        return 32 if wide else 16, 64, 128, 4, 4, True
+        return (32, 64, 128, 4, 4, True) if wide else (16, 64, 128, 4, 3, True)
     return 64, 32, 32, 4, 4, False
+
+
+NARROW_MAXNREG = 96
+"""Register cap of the 16-pair decode tiles (`decode_tail`). Loading an iteration's four weight tiles at once
+(`_fp4_tiles4`) takes them from 96 to 112 registers, 4 instead of 5 programs per SM: at 8 tokens over 16
+experts (576 programs of stage 1) a second wave. H100, hidden 5120, inter 2304, 16 experts
+(benchmark/results/2026-12-06-h100-moe-wide.md): with the cap and 3 stages 207.6 us at 8 tokens and 96.7 at 1
+(four [WR, 16] loads, 4 stages: 217.2 and 103.4); without the cap 251.5 and 98.1."""
 
 
 STREAM_PER_SM = 2
@@ -359,12 +392,14 @@ STREAM_PER_SM = 2
 (112.4 vs 101.6 us, 229.0 vs 215.4), so those keep `split_counts`."""
 
 
-def fast_decode_tail(rows: int, n_exp: int, inter: int, hid: int, config: tuple, device) -> tuple:
-    """What fast mode appends to a SWAP decode pick: (1, 1, None, STREAM_PER_SM) on 32-pair tiles, else the
-    K splits of `split_counts`."""
+def decode_tail(rows: int, n_exp: int, inter: int, hid: int, config: tuple, device, fast: bool) -> tuple:
+    """What a SWAP decode pick gets appended, (S1, S2, MAXNREG[, STREAM]): fast mode on 32-pair tiles
+    (1, 1, None, STREAM_PER_SM); 16-pair tiles NARROW_MAXNREG, and in fast mode the K splits of
+    `split_counts`; deterministic mode never splits."""
     if config[0] >= 32:
-        return (1, 1, None, STREAM_PER_SM)
-    return split_counts(rows, n_exp, inter, hid, *config[:3], device)
+        return (1, 1, None, STREAM_PER_SM) if fast else (1, 1)
+    splits = split_counts(rows, n_exp, inter, hid, *config[:3], device) if fast else (1, 1)
+    return splits + (NARROW_MAXNREG,)
 
 
 def split_counts(rows: int, n_exp: int, inter: int, hid: int, bm: int, bn1: int, bn2: int, device) -> tuple[int, int]:
@@ -423,8 +458,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
     STREAM: both GEMMs as `_moe_stream_kernel` launches of STREAM programs per SM (a fraction allowed),
     S1 / S2 unused). Without a config,
     calls with many pairs per expert run the bf16 prefill path (`moe_prefill.bf16_prefill`), and decode
-    calls outside deterministic mode split K or run stream-K (`fast_decode_tail`; a row's bits then depend
-    on the split)."""
+    calls get `decode_tail` (outside deterministic mode a K split or stream-K: a row's bits then depend on
+    the split)."""
     t, k = ids.shape
     n_exp, inter, hk = w1.shape
     hid = 2 * hk
@@ -441,8 +476,8 @@ def moe_experts_triton(x, ids, weights, w1, s1, w3, s3, w2, s2, limit: float, co
         return out
     if config is None:
         config = pick_config(rows, n_exp)
-        if config[5] and not deterministic():
-            config = config + fast_decode_tail(rows, n_exp, inter, hid, config, x.device)
+        if config[5]:
+            config = config + decode_tail(rows, n_exp, inter, hid, config, x.device, fast=not deterministic())
     bm, bn1, bn2, warps, stages, *rest = config
     swap = bool(rest and rest[0])
     sp1, sp2 = (rest[1], rest[2]) if len(rest) >= 3 else (1, 1)
@@ -505,5 +540,5 @@ def moe_combine_triton(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tens
     return out
 
 
-__all__ = ["DECODE_ROWS", "fast_decode_tail", "moe_combine_triton", "moe_experts_triton", "pick_config",
+__all__ = ["DECODE_ROWS", "decode_tail", "moe_combine_triton", "moe_experts_triton", "pick_config",
            "routing_tiles", "split_counts"]
