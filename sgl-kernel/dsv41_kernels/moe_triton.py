@@ -377,11 +377,13 @@ def pick_config(rows: int, n_experts: int = 0) -> tuple[int, int, int, int, int,
 
 
 NARROW_MAXNREG = 96
-"""Register cap of the 16-pair decode tiles (`decode_tail`). Loading an iteration's four weight tiles at once
-(`_fp4_tiles4`) takes them from 96 to 112 registers, 4 instead of 5 programs per SM: at 8 tokens over 16
-experts (576 programs of stage 1) a second wave. H100, hidden 5120, inter 2304, 16 experts
-(benchmark/results/2026-12-06-h100-moe-wide.md): with the cap and 3 stages 207.6 us at 8 tokens and 96.7 at 1
-(four [WR, 16] loads, 4 stages: 217.2 and 103.4); without the cap 251.5 and 98.1."""
+NARROW_FIT = (4, 5)
+"""Register cap of the 16-pair decode tiles (`decode_tail`) and the programs per SM without / with it. Loading an
+iteration's four weight tiles at once (`_fp4_tiles4`) takes them from 96 to 112 registers, 4 instead of 5
+programs per SM; where the cap makes stage 1's grid one wave instead of two it pays, elsewhere its spills cost.
+H100, hidden 5120, inter 2304 (benchmark/results/2026-12-06-h100-moe-wide.md): 16 experts at 8 tokens (576
+programs) 205.9 us capped at 3 stages vs 218.3 for the previous kernel (four [WR, 16] loads, 4 stages) and
+251.5 uncapped; 384 experts at 8 tokens (1728 programs) 497.3 uncapped at 3 stages vs 560.0 capped."""
 
 
 STREAM_PER_SM = 2
@@ -394,18 +396,24 @@ STREAM_PER_SM = 2
 
 def decode_tail(rows: int, n_exp: int, inter: int, hid: int, config: tuple, device, fast: bool) -> tuple:
     """What a SWAP decode pick gets appended, (S1, S2, MAXNREG[, STREAM]): fast mode on 32-pair tiles
-    (1, 1, None, STREAM_PER_SM); 16-pair tiles NARROW_MAXNREG, and in fast mode the K splits of
-    `split_counts`; deterministic mode never splits."""
+    (1, 1, None, STREAM_PER_SM); 16-pair tiles in fast mode the K splits of `split_counts`, and NARROW_MAXNREG
+    where it brings stage 1's programs into one wave (NARROW_FIT); deterministic mode never splits."""
     if config[0] >= 32:
         return (1, 1, None, STREAM_PER_SM) if fast else (1, 1)
     splits = split_counts(rows, n_exp, inter, hid, *config[:3], device) if fast else (1, 1)
-    return splits + (NARROW_MAXNREG,)
+    programs, sms = _busy_tiles(rows, n_exp, config[0]) * triton.cdiv(inter, config[1]) * splits[0], _sm_count(device)
+    return splits + (NARROW_MAXNREG if NARROW_FIT[0] * sms < programs <= NARROW_FIT[1] * sms else None,)
+
+
+def _busy_tiles(rows: int, n_exp: int, bm: int) -> int:
+    """The most tiles of a decode call that hold pairs: min(rows, experts), + one per expert boundary inside a tile."""
+    return min(rows, n_exp, triton.cdiv(rows, bm) + n_exp)
 
 
 def split_counts(rows: int, n_exp: int, inter: int, hid: int, bm: int, bn1: int, bn2: int, device) -> tuple[int, int]:
     """K splits (stage 1, stage 2) of a fast-mode decode call: busy tiles are at most min(rows, experts)
     (+ one per expert boundary inside a tile); splits of whole SUB = 4 blocks, at least 8 blocks each."""
-    busy = min(rows, n_exp, triton.cdiv(rows, bm) + n_exp)
+    busy = _busy_tiles(rows, n_exp, bm)
     target = SPLIT_PROGRAMS_PER_SM * _sm_count(device)
     s1 = triton.cdiv(target, busy * triton.cdiv(inter, bn1))
     s2 = triton.cdiv(target, busy * triton.cdiv(hid, bn2))
