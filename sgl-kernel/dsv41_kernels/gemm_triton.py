@@ -394,13 +394,21 @@ with chunk sums up to half the weight bytes (5 chunks at K = 5120), 0.4-0.9x wit
 wq_b (512 weight tiles) gains nothing (at most 2 chunks: not folded)."""
 
 
+FOLD_WIDE = (2, 1.0)
+"""(programs per SM, traffic cap) of the folded split-K on 64-row tiles (33-64 rows), in place of
+FOLD_PROGRAMS_PER_SM / FOLD_TRAFFIC. H100, 64 rows (benchmark/results/2026-12-06-h100-dense64.md): wo_b 46.4 vs
+53.9 us (4 chunks instead of 7), wq_a | wkv 18.4 vs 22.2 (10 instead of 5), shared w2 18.0 vs 19.9 (4 chunks
+instead of one pass); shared w1 | w3 29.8 vs 27.3 (4 instead of 5)."""
+
+
 def fold_config(m: int, n: int, k: int, device, fp4: bool = False) -> tuple | None:
     """The folded split-K config (BM, 64, 4 warps, 4 stages, KS, SWAP, FOLD) for m <= FOLD_ROWS rows, or None
     where it would not split K into more than 2 chunks."""
     kb, bn = k // BLOCK, 64
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    want = triton.cdiv(FOLD_PROGRAMS_PER_SM * _sm_count(device), triton.cdiv(n, bn))
-    cap = int(FOLD_TRAFFIC * k * (0.5 if fp4 else 1.0) / (8 * max(m, 1)))  # chunks * m * n * 4 B * 2 vs n * k B
+    per_sm, traffic = FOLD_WIDE if bm == 64 else (FOLD_PROGRAMS_PER_SM, FOLD_TRAFFIC)
+    want = triton.cdiv(per_sm * _sm_count(device), triton.cdiv(n, bn))
+    cap = int(traffic * k * (0.5 if fp4 else 1.0) / (8 * max(m, 1)))  # chunks * m * n * 4 B * 2 vs n * k B
     chunks = max(1, min(want, cap, kb))
     return (bm, bn, 4, 4, triton.cdiv(kb, chunks), True, True) if chunks > 2 else None
 
@@ -431,6 +439,8 @@ def pick_config(m: int, n: int, k: int, device: torch.device, fp4: bool = False,
     if m <= 64:  # decode: weight streaming (FP4 decodes 2x the bytes per weight row)
         if fp4:
             return 64, 32, 4, 4
+        if n >= 16384 and k <= 2048:  # wq_b: short K, many tiles; 128-wide tiles halve the activation re-reads
+            return 64, 128, 4, 4  # (H100, 64 rows: 34.7 vs 41.8 us, same bits; 2026-12-06-h100-dense64.md)
         return (64, 64, 4, 4) if n >= 4096 else (64, 32, 4, 6)
     if fp4 and m <= 1024:
         return 64, 32, 4, 4
