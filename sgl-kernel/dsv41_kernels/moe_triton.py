@@ -12,10 +12,11 @@ pairs the routing tables below come from one launch, `moe_routing_triton`):
 Kernel 1 (`_moe_gemm_kernel`, STAGE1): rows p gather their token's MXFP8 row; one fp8 MMA per 32-wide
   K block over a weight tile of BN rows of w1 stacked on the same BN rows of w3 (E2M1 nibbles -> E4M3
   bytes of value * 2**-6 in registers, the 2**6 put back in the activation scale,
-  `gemm_triton.e2m1_block_e4m3_evens_first`), block partial * (scale_x * scale_w) accumulated in K order
-  as in gemm_triton; epilogue: bf16 rounding of g and u, SwiGLU with the clamp,
-  routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32 columns, bitwise `mxfp8_quant` of
-  that h, blocks in K_EVENS_FIRST order) stored at row p with transposed scales.
+  `gemm_triton.e2m1_block_e4m3_evens_first`; 4 K blocks' weights per load in the decode configs, `_fp4_tiles4`),
+  block partial * (scale_x * scale_w) accumulated in K order as in gemm_triton; epilogue: bf16 rounding
+  of g and u, SwiGLU with the clamp, routing weight, bf16 rounding of h, then h's MXFP8 quant (per 32
+  columns, bitwise `mxfp8_quant` of that h, blocks in K_EVENS_FIRST order) stored at row p with transposed
+  scales.
 Kernel 2 (STAGE1 = False): rows p read h's bytes directly; one fp8 MMA per block against w2; the bf16
   result goes to output row r = perm[p].
 Tiles: [BM pairs x BN weight rows]. SWAP (decode, `pick_config`) makes the weight rows the MMA's M
@@ -134,13 +135,14 @@ def _k_sum(a_row, sa_ptr, sa_rs, arow, m_ok, w_row, sw_row, n_ok, k_lo, k_hi, KB
             if PACKED:
                 sw = e8m0_value(wsc >> (8 * i))  # little endian: byte i is block kb0 + i
                 if i == 0:
-                    wt = e2m1_block_e4m3_evens_first(b0)
+                    b = b0
                 elif i == 1:
-                    wt = e2m1_block_e4m3_evens_first(b1)
+                    b = b1
                 elif i == 2:
-                    wt = e2m1_block_e4m3_evens_first(b2)
+                    b = b2
                 else:
-                    wt = e2m1_block_e4m3_evens_first(b3)
+                    b = b3
+                wt = e2m1_block_e4m3_evens_first(b)
             else:
                 sw = e8m0_value(tl.load(sw_row + kb, mask=n_ok, other=127))
                 wt = _fp4_tile(w_row, kb, n_ok)
