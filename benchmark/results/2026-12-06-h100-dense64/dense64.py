@@ -1,18 +1,17 @@
 """Dense FP8 decode GEMMs at 64 rows (bench widths): the fast-mode pick beside one-pass and folded split-K variants.
-Repository root."""
-import os, sys, time
-import torch, triton
-ROOT = os.getcwd()
-sys.path[:0] = [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark")]
+From the repository root: python benchmark/results/2026-12-06-h100-dense64/dense64.py"""
+import os
+import sys
+
+import torch
+import triton
+
+sys.path[:0] = [os.path.join(os.getcwd(), p) for p in ("python", "sgl-kernel", "benchmark")]
 import kernels as K  # noqa: E402
 from dsv41_kernels import gemm_triton as gt  # noqa: E402
-print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-rows = []
-t_start = time.time()
-def line(*a):
-    s = "| " + " | ".join(str(x) for x in a) + " |"
-    print(s, flush=True); rows.append(s)
-line("GEMM", "config", "us", "vs pick", "GB/s", "bits == pick")
+from sweep_rows import SweepRows  # noqa: E402
+
+rows = SweepRows("dense64.txt", "GEMM", "config", "us", "vs pick", "GB/s", "bits == pick")
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 m = 64
 for name, n, k in (("wq_b", 32768, 1280), ("wo_b", 5120, 8192), ("shared w1|w3", 4608, 5120), ("shared w2", 5120, 2304),
@@ -37,18 +36,17 @@ for name, n, k in (("wq_b", 32768, 1280), ("wo_b", 5120, 8192), ("shared w1|w3",
     cfgs = [c for c in cfgs if c != pick]
     ref = gt.fp8_linear_triton(xs[0], *weights[0], config=pick)
     t0 = K.bench_graph([lambda x=x, w=w: gt.fp8_linear_triton(x, *w, config=pick) for x, w in zip(xs, weights)])
-    line(name, f"pick {pick}", f"{t0*1e6:.1f}", "1.00x", f"{wbytes/t0/1e9:.0f}", "-")
+    rows.add(name, f"pick {pick}", f"{t0*1e6:.1f}", "1.00x", f"{wbytes/t0/1e9:.0f}", "-")
     for cfg in cfgs:
-        if time.time() - t_start > 200:
-            line("stopped", "time limit"); break
+        if rows.elapsed() > 200:
+            rows.add("stopped", "time limit")
+            break
         try:
             tv = K.bench_graph([lambda x=x, w=w, c=cfg: gt.fp8_linear_triton(x, *w, config=c) for x, w in zip(xs, weights)])
             got = gt.fp8_linear_triton(xs[0], *weights[0], config=cfg)
-            line(name, cfg, f"{tv*1e6:.1f}", f"{t0/tv:.2f}x", f"{wbytes/tv/1e9:.0f}", torch.equal(got.view(torch.int16), ref.view(torch.int16)))
+            rows.add(name, cfg, f"{tv*1e6:.1f}", f"{t0/tv:.2f}x", f"{wbytes/tv/1e9:.0f}", torch.equal(got.view(torch.int16), ref.view(torch.int16)))
         except Exception as e:  # noqa: BLE001
-            line(name, cfg, "FAILED", f"{type(e).__name__}: {str(e)[:160]}", "-", "-")
+            rows.add(name, cfg, "FAILED", f"{type(e).__name__}: {str(e)[:160]}", "-", "-")
     del weights, xs
     torch.cuda.empty_cache()
-with open(os.path.join(os.environ.get("OUT", "/tmp"), "dense64.txt"), "w") as f:
-    f.write("\n".join(rows) + "\n")
-print("done", time.strftime("%H:%M:%S"), flush=True)
+rows.save()

@@ -1,19 +1,17 @@
 """MoE decode tiles at 64 tokens over 16 experts (stream-K) and the 16-pair pick's cap rule at 384 experts.
-Repository root."""
-import os, sys, time
+From the repository root: python benchmark/results/2026-12-06-h100-moe-wide/c_sweep.py"""
+import os
+import sys
+
 import torch
-ROOT = os.getcwd()
-sys.path[:0] = [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark")]
+
+sys.path[:0] = [os.path.join(os.getcwd(), p) for p in ("python", "sgl-kernel", "benchmark")]
 import kernels as K  # noqa: E402
 from decode_sweep import HID, INTER, TOPK, moe_inputs  # noqa: E402
 from dsv41_kernels import moe_triton as mt  # noqa: E402
-print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-rows = []
-t_start = time.time()
-def line(*a):
-    s = "| " + " | ".join(str(x) for x in a) + " |"
-    print(s, flush=True); rows.append(s)
-line("shape", "config", "us", "vs pick", "bits == pick")
+from sweep_rows import SweepRows  # noqa: E402
+
+rows = SweepRows("moe_sweep5.txt", "shape", "config", "us", "vs pick", "bits == pick")
 for n_exp, t, cfgs in (
         (16, 64, [(32, bn1, bn2, w, st, True, 1, 1, None, sp) for (bn1, bn2, w) in ((64, 128, 8), (32, 128, 4), (32, 64, 4), (64, 64, 4), (128, 128, 8))
                   for st in (3, 4) for sp in (2, 3, 4)]),
@@ -25,18 +23,17 @@ for n_exp, t, cfgs in (
     pick = base + mt.decode_tail(t * TOPK, n_exp, INTER, HID, base, "cuda", fast=True)
     t0 = K.bench_graph([lambda: mt.moe_experts_triton(*args, config=pick)], reps=30)
     ref = mt.moe_experts_triton(*args, config=pick)
-    line(f"E={n_exp} T={t}", f"pick {pick}", f"{t0*1e6:.1f}", "1.00x", "-")
+    rows.add(f"E={n_exp} T={t}", f"pick {pick}", f"{t0*1e6:.1f}", "1.00x", "-")
     for cfg in cfgs:
-        if time.time() - t_start > 170:
-            line("stopped", "time limit"); break
+        if rows.elapsed() > 170:
+            rows.add("stopped", "time limit")
+            break
         try:
             tv = K.bench_graph([lambda c=cfg: mt.moe_experts_triton(*args, config=c)], reps=30)
             got = mt.moe_experts_triton(*args, config=cfg)
-            line(f"E={n_exp} T={t}", cfg, f"{tv*1e6:.1f}", f"{t0/tv:.2f}x", torch.equal(got.view(torch.int16), ref.view(torch.int16)))
+            rows.add(f"E={n_exp} T={t}", cfg, f"{tv*1e6:.1f}", f"{t0/tv:.2f}x", torch.equal(got.view(torch.int16), ref.view(torch.int16)))
         except Exception as e:  # noqa: BLE001
-            line(f"E={n_exp} T={t}", cfg, "FAILED", f"{type(e).__name__}: {str(e)[:160]}", "-")
+            rows.add(f"E={n_exp} T={t}", cfg, "FAILED", f"{type(e).__name__}: {str(e)[:160]}", "-")
     del args, ws
     torch.cuda.empty_cache()
-with open(os.path.join(os.environ.get("OUT", "/tmp"), "moe_sweep5.txt"), "w") as f:
-    f.write("\n".join(rows) + "\n")
-print("done", time.strftime("%H:%M:%S"), flush=True)
+rows.save()

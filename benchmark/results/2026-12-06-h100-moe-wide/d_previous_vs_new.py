@@ -1,21 +1,21 @@
-"""The MoE decode pick now (one load per 4 weight tiles; 16-pair tiles: 3 stages, 96 registers where that makes one wave) vs the pick of the
-kernel before it (`moe_head.py` in a folder FOLDER: `git show 08c0783:sgl-kernel/dsv41_kernels/moe_triton.py` with its
-two `@...triton_impl` lines removed): time and bits, fast mode and deterministic mode. From the repository root:
+"""The MoE decode pick now (one load per 4 weight tiles; 16-pair tiles: 3 stages, 96 registers where that makes one
+wave) vs the pick of the kernel before it (`moe_head.py` in a folder FOLDER: `git show
+08c0783:sgl-kernel/dsv41_kernels/moe_triton.py` with its two `@...triton_impl` lines removed): time and bits, fast
+mode and deterministic mode. From the repository root:
     PYTHONPATH=FOLDER python benchmark/results/2026-12-06-h100-moe-wide/d_previous_vs_new.py"""
-import os, sys, time
+import os
+import sys
+
 import torch
-ROOT = os.getcwd()
-sys.path[:0] = [os.path.join(ROOT, p) for p in ("python", "sgl-kernel", "benchmark")]
+
+sys.path[:0] = [os.path.join(os.getcwd(), p) for p in ("python", "sgl-kernel", "benchmark")]
 import kernels as K  # noqa: E402
+import moe_head as old  # noqa: E402
 from decode_sweep import HID, INTER, TOPK, moe_inputs  # noqa: E402
 from dsv41_kernels import moe_triton as new  # noqa: E402
-import moe_head as old  # noqa: E402
-print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-rows = []
-def line(*a):
-    s = "| " + " | ".join(str(x) for x in a) + " |"
-    print(s, flush=True); rows.append(s)
-line("shape", "mode", "previous pick", "us", "new pick", "us", "speedup", "GB/s new", "bits equal")
+from sweep_rows import SweepRows  # noqa: E402
+
+rows = SweepRows("moe_wide3.txt", "shape", "mode", "previous pick", "us", "new pick", "us", "speedup", "GB/s new", "bits equal")
 for n_exp, ts in ((16, (1, 8, 64)), (384, (8, 64))):
     ws = K.expert_weights(n_exp, INTER, HID) + K.expert_weights(n_exp, INTER, HID) + K.expert_weights(n_exp, HID, INTER)
     for t in ts:
@@ -29,10 +29,8 @@ for n_exp, ts in ((16, (1, 8, 64)), (384, (8, 64))):
             tn = K.bench_graph([lambda: new.moe_experts_triton(*args, config=nc)], reps=30)
             same = torch.equal(old.moe_experts_triton(*args, config=oc).view(torch.int16),
                                new.moe_experts_triton(*args, config=nc).view(torch.int16))
-            line(f"E={n_exp} T={t}", mode, oc, f"{to*1e6:.1f}", nc, f"{tn*1e6:.1f}", f"{to/tn:.2f}x", f"{nbytes/tn/1e9:.0f}", same)
+            rows.add(f"E={n_exp} T={t}", mode, oc, f"{to*1e6:.1f}", nc, f"{tn*1e6:.1f}", f"{to/tn:.2f}x", f"{nbytes/tn/1e9:.0f}", same)
         del args
     del ws
     torch.cuda.empty_cache()
-with open(os.path.join(os.environ.get("OUT", "/tmp"), "moe_wide3.txt"), "w") as f:
-    f.write("\n".join(rows) + "\n")
-print("done", time.strftime("%H:%M:%S"), flush=True)
+rows.save()
