@@ -102,7 +102,8 @@ def cases():
         pick = moe_triton.pick_config(rows, 16)
         bm, bn1, bn2, warps, stages, swap = pick
         s1, s2 = moe_triton.split_counts(rows, 16, 2304, 5120, bm, bn1, bn2, "cpu")
-        cap = moe_triton.decode_tail(rows, 16, 2304, 5120, pick, "cpu", fast=False)[2:3]  # the deterministic pick's
+        tail = moe_triton.decode_tail(rows, 16, 2304, 5120, pick, "cpu", fast=False)  # the deterministic pick's
+        cap = [c for c in tail[2:3] if c]  # its register cap, if any
         for stage1, bn, splits in ((True, bn1, s1), (False, bn2, s2)):
             const = dict(STAGE1=stage1, BM=bm, BN=bn, SUB=4, SWAP=swap, PACKED=True, KSPLIT=splits > 1)
             out.append((f"_moe_gemm_kernel stage {1 if stage1 else 2}, {t} tokens x top-6, K split {splits}"
